@@ -1,0 +1,209 @@
+"""Frozen dataclass configs for the training jobs.
+
+Defaults are the paper's (rStar2-Agent §4-5 and the released verl recipe): AdamW at lr 1e-6,
+constant after 20 linear warmup steps, weight decay 0.01, global-norm clip 1.0; Clip-Higher
+0.2/0.28 with no KL and no entropy term (the loss has neither, by design); temperature 1.0;
+2G = 32 rollouts per question, G = 16 kept; 512 questions per step.
+
+Load them with :func:`rstar2_jax.config.load_config` (YAML + ``key=value`` overrides).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from omegaconf import MISSING
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Initial weights: a Hugging Face checkpoint directory (config.json + safetensors)."""
+
+    path: str = MISSING
+    tokenizer: str | None = None  # defaults to ``path``
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.path
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh ("fsdp", "tp"); ``fsdp=None`` uses every device not used by tp."""
+
+    fsdp: int | None = None
+    tp: int = 1
+
+    def __post_init__(self):
+        _check(self.tp >= 1, f"mesh.tp must be >= 1, got {self.tp}")
+        _check(self.fsdp is None or self.fsdp >= 1, f"mesh.fsdp must be >= 1, got {self.fsdp}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warmup then a constant or cosine learning rate, global-norm clipping.
+
+    ``decay_steps`` (cosine only) counts from the end of warmup; ``None`` means "until the end of
+    the job". ``final_lr_ratio`` is the cosine floor as a fraction of ``lr``.
+    """
+
+    lr: float = 1e-6
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 20
+    decay_steps: int | None = None
+    final_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        _check(self.lr > 0, f"optimizer.lr must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check(self.decay_steps is None or self.decay_steps >= 1,
+               f"optimizer.decay_steps must be >= 1, got {self.decay_steps}")
+        _check(0.0 <= self.final_lr_ratio <= 1.0,
+               f"optimizer.final_lr_ratio must be in [0, 1], got {self.final_lr_ratio}")
+        _check(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0,
+               f"optimizer.b1 and optimizer.b2 must be in [0, 1), got {self.b1}, {self.b2}")
+        _check(self.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.grad_clip > 0, f"optimizer.grad_clip must be > 0, got {self.grad_clip}")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Save every ``every`` steps and at the end of the job; keep the newest ``keep``."""
+
+    every: int = 10
+    keep: int = 3
+
+    def __post_init__(self):
+        _check(self.every >= 1, f"checkpoint.every must be >= 1, got {self.every}")
+        _check(self.keep >= 1, f"checkpoint.keep must be >= 1, got {self.keep}")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning on chat-formatted JSONL (one message list per line).
+
+    The paper's non-reasoning SFT: 3 epochs, lr 5e-6, 4% warmup, cosine decay, batch 128.
+    ``batch_size`` and ``micro_batch_size`` count sequences of ``seq_len`` tokens; longer
+    conversations are rejected, not silently truncated.
+    """
+
+    model: ModelSource = field(default_factory=ModelSource)
+    data: str = MISSING
+    run_dir: str = MISSING
+    seq_len: int = 4096
+    batch_size: int = 128
+    micro_batch_size: int | None = None  # None: the whole batch in one forward/backward
+    epochs: int = 3
+    seed: int = 0
+    remat: bool = False
+    optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(lr=5e-6, schedule="cosine", warmup_steps=0))
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+
+    def __post_init__(self):
+        _check(self.seq_len >= 2, f"seq_len must be >= 2, got {self.seq_len}")
+        _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check(self.micro_batch_size is None
+               or (self.micro_batch_size >= 1 and self.batch_size % self.micro_batch_size == 0),
+               f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """GRPO-RoC: what one RL step samples, keeps and optimizes.
+
+    Per question ``rollouts_per_question`` (2G) rollouts are scored; groups with all-equal rewards
+    are dropped and RoC keeps ``group_size`` (G). The kept rollouts are split into
+    ``mini_batches`` optimizer updates, each accumulated over micro-batches of
+    ``micro_batch_size`` rows with an exact token mean.
+    """
+
+    questions_per_step: int = 512
+    rollouts_per_question: int = 32
+    group_size: int = 16
+    roc_rule: Literal["paper", "released"] = "paper"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    temperature: float = 1.0
+    max_prompt_tokens: int = 2048
+    mini_batches: int = 1
+    micro_batch_size: int | None = None
+    logprob_chunk: int = 256  # sequence positions per chunk of the [batch, chunk, vocab] logits
+    remat: bool = False
+
+    def __post_init__(self):
+        _check(self.questions_per_step >= 1,
+               f"rl.questions_per_step must be >= 1, got {self.questions_per_step}")
+        _check(1 <= self.group_size <= self.rollouts_per_question,
+               f"rl.group_size must be in [1, rl.rollouts_per_question={self.rollouts_per_question}], "
+               f"got {self.group_size}")
+        _check(0 < self.eps_low < 1, f"rl.eps_low must be in (0, 1), got {self.eps_low}")
+        _check(self.eps_high > 0, f"rl.eps_high must be > 0, got {self.eps_high}")
+        _check(self.temperature > 0, f"rl.temperature must be > 0, got {self.temperature}")
+        _check(self.mini_batches >= 1, f"rl.mini_batches must be >= 1, got {self.mini_batches}")
+        _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
+               f"rl.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        _check(self.logprob_chunk >= 1, f"rl.logprob_chunk must be >= 1, got {self.logprob_chunk}")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One stage of the staged RL recipe (paper §4.3).
+
+    A stage starts from the final checkpoint of the run in ``init_from`` (params, and the
+    optimizer state unless ``reset_optimizer``), or from ``model.path`` when it is ``None``.
+    """
+
+    name: str = MISSING
+    steps: int = MISSING
+    dataset: str = MISSING
+    max_response_tokens: int = 8192
+    max_turns: int = 10
+    reset_optimizer: bool = False
+    init_from: str | None = None
+
+    def __post_init__(self):
+        _check(self.steps >= 1, f"stage.steps must be >= 1, got {self.steps}")
+        _check(self.max_response_tokens >= 1,
+               f"stage.max_response_tokens must be >= 1, got {self.max_response_tokens}")
+        _check(self.max_turns >= 1, f"stage.max_turns must be >= 1, got {self.max_turns}")
+
+
+@dataclass(frozen=True)
+class HardSubsetConfig:
+    """Problems the current policy has not mastered: ``samples`` rollouts each, drop k/k solved."""
+
+    source: str = MISSING
+    output: str = MISSING
+    samples: int = 8
+
+    def __post_init__(self):
+        _check(self.samples >= 1, f"hard_subset.samples must be >= 1, got {self.samples}")
+
+
+@dataclass(frozen=True)
+class RLJobConfig:
+    """One RL stage run: model, algorithm, stage limits, optimizer, checkpoints and mesh."""
+
+    model: ModelSource = field(default_factory=ModelSource)
+    run_dir: str = MISSING
+    seed: int = 0
+    rl: RLConfig = field(default_factory=RLConfig)
+    stage: StageConfig = MISSING
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    hard_subset: HardSubsetConfig | None = None
+

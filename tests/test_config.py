@@ -1,0 +1,72 @@
+"""Config loading: YAML + overrides into frozen dataclasses, with errors that name the key."""
+import dataclasses
+
+import pytest
+
+from rstar2_jax.config import ConfigError, config_from_dict, config_to_dict, load_config
+from rstar2_jax.train.configs import OptimizerConfig, RLJobConfig, SFTConfig
+
+REQUIRED_RL = ["model.path=/ckpt", "run_dir=/run", "stage.name=s1", "stage.steps=3",
+               "stage.dataset=/d.jsonl"]
+
+
+def test_paper_defaults():
+    cfg = load_config(RLJobConfig, overrides=REQUIRED_RL)
+    assert cfg.optimizer == OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=20,
+                                            weight_decay=0.01, grad_clip=1.0)
+    assert (cfg.rl.eps_low, cfg.rl.eps_high, cfg.rl.temperature) == (0.2, 0.28, 1.0)
+    assert (cfg.rl.rollouts_per_question, cfg.rl.group_size) == (32, 16)
+    assert cfg.rl.questions_per_step == 512
+
+
+def test_yaml_then_overrides_in_order(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("optimizer:\n  lr: 3.0e-6\n  schedule: cosine\nrl:\n  group_size: 8\n")
+    cfg = load_config(RLJobConfig, path, REQUIRED_RL + ["rl.group_size=4", "rl.group_size=2"])
+    assert cfg.optimizer.lr == 3e-6 and cfg.optimizer.schedule == "cosine"
+    assert cfg.rl.group_size == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rl.group_size = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("override, named", [
+    ("optimizer.lrr=1e-5", "optimizer.lrr"),
+    ("rl.mini_batches=two", "rl.mini_batches"),
+    ("optimizer.schedule=linear", "optimizer.schedule"),
+    ("optimizer.lr=-1", "optimizer.lr"),
+    ("rl.group_size=64", "rl.group_size"),
+    ("nonsense", "nonsense"),
+])
+def test_bad_override_names_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(RLJobConfig, overrides=REQUIRED_RL + [override])
+
+
+def test_bad_yaml_key_names_key_and_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("rl:\n  clip_low: 0.1\n")
+    with pytest.raises(ConfigError, match=r"rl\.clip_low.*job\.yaml"):
+        load_config(RLJobConfig, path, REQUIRED_RL)
+
+
+def test_missing_required_keys_are_listed():
+    with pytest.raises(ConfigError, match=r"data.*model\.path.*run_dir"):
+        load_config(SFTConfig)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(SFTConfig, "/nonexistent/sft.yaml")
+
+
+def test_micro_batch_must_divide_batch():
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        load_config(SFTConfig, overrides=["model.path=/m", "data=/d", "run_dir=/r",
+                                          "batch_size=8", "micro_batch_size=3"])
+
+
+def test_dict_round_trip():
+    cfg = load_config(RLJobConfig, overrides=REQUIRED_RL + ["hard_subset.source=/a",
+                                                            "hard_subset.output=/b"])
+    assert config_from_dict(RLJobConfig, config_to_dict(cfg)) == cfg
+    assert cfg.hard_subset is not None and cfg.hard_subset.samples == 8
