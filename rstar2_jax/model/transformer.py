@@ -1,0 +1,141 @@
+"""The Qwen2 / Qwen3 decoder as pure functions of the params pytree (see `params.py`).
+
+Shapes: B batch, T query tokens, S key slots, E hidden, H query heads, K kv heads, D head dim,
+V vocab. Activations between layers are in `config.dtype`; RMSNorm, RoPE angles, attention
+scores/softmax and logits are float32.
+
+Padding: `forward` takes `attention_mask [B, T]` (1 = real token) and gives each real token the
+position `cumsum(mask) - 1`, so left- and right-padded batches both give the same logits at real
+positions as the unpadded rows would. Logits at pad positions are garbage (finite, never NaN).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from rstar2_jax.model.config import ModelConfig
+
+# A finite "minus infinity": a query with no visible key (a left pad) then gets a uniform
+# softmax instead of NaN, so its garbage never poisons gradients through masked sums.
+_MASKED = float(jnp.finfo(jnp.float32).min)
+
+# (k_cache, v_cache) of one layer, each [B, S, K, D].
+LayerKV = tuple[jax.Array, jax.Array]
+# Writes one layer's new keys/values [B, T, K, D] into its cache and returns the updated cache.
+KVWriter = Callable[[LayerKV, jax.Array, jax.Array], LayerKV]
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, normalised in float32; returns x's dtype. x [..., N], scale [N]."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    # Like transformers: cast back before the scale, so bf16 models round at the same place.
+    return scale * normed.astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, rotating the two halves of the head dim. x [B, T, N, D], positions [B, T]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
+    angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq  # [B, T, 1, D/2]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D], k/v [B, S, K, D], mask [B, T, S] bool -> [B, T, H, D]."""
+    b, t, h, d = q.shape
+    kv_heads = k.shape[2]
+    # Query head h reads kv head h // (H // K): group the query heads under their kv head.
+    q = q.reshape(b, t, kv_heads, h // kv_heads, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * d**-0.5
+    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+
+
+def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
+                   mask: jax.Array, kv: LayerKV | None, write_kv: KVWriter | None):
+    """One pre-norm block. x [B, T, E] -> ([B, T, E], the layer's updated cache or None)."""
+    h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
+    q = jnp.einsum("bte,ehd->bthd", h, p["q"])
+    k = jnp.einsum("bte,ekd->btkd", h, p["k"])
+    v = jnp.einsum("bte,ekd->btkd", h, p["v"])
+    if config.attention_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if config.qk_norm:
+        q = rms_norm(q, p["q_norm"], config.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
+    q = apply_rope(q, positions, config.rope_theta)
+    k = apply_rope(k, positions, config.rope_theta)
+    if kv is not None:
+        kv = write_kv(kv, k, v)
+        k, v = kv
+    x = x + jnp.einsum("bthd,hde->bte", attention(q, k, v, mask), p["o"])
+
+    h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
+    gated = jax.nn.silu(jnp.einsum("bte,ef->btf", h, p["gate"])) * jnp.einsum("bte,ef->btf", h, p["up"])
+    return x + jnp.einsum("btf,fe->bte", gated, p["down"]), kv
+
+
+def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
+                 mask: jax.Array, kv: LayerKV | None = None, write_kv: KVWriter | None = None,
+                 remat: bool = False):
+    """Embeds tokens [B, T] and runs all layers: returns final-normed hidden [B, T, E] and cache.
+
+    `kv` is the stacked cache `(k, v)`, each [L, B, S, K, D], or None for no cache; `mask`
+    [B, T, S] says which key slots each query sees (S = T without a cache).
+    """
+    x = params["embed"][tokens]
+
+    def layer(x, layer_inputs):
+        p, layer_kv = layer_inputs
+        return _decoder_layer(config, p, x, positions, mask, layer_kv, write_kv)
+
+    if remat:
+        # Keep only each layer's input for the backward pass; recompute the rest.
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+    x, kv = jax.lax.scan(layer, x, (params["layers"], kv))
+    return rms_norm(x, params["final_norm"], config.rms_norm_eps), kv
+
+
+def output_head(params: dict, config: ModelConfig) -> jax.Array:
+    """The [E, V] matrix mapping final hidden states to logits."""
+    return params["embed"].T if config.tie_embeddings else params["lm_head"]
+
+
+def logits_from_hidden(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """float32 logits [..., V] from final hidden states [..., E]."""
+    return jnp.einsum("...e,ev->...v", hidden, output_head(params, config),
+                      preferred_element_type=jnp.float32)
+
+
+def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array,
+                  attention_mask: jax.Array | None = None, *, remat: bool = False) -> jax.Array:
+    """Final-normed hidden states [B, T, E] of a full causal pass (see `forward`)."""
+    if attention_mask is None:
+        attention_mask = jnp.ones(tokens.shape, jnp.int32)
+    real = attention_mask.astype(bool)
+    positions = jnp.maximum(jnp.cumsum(real, axis=1) - 1, 0)
+    t = tokens.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    mask = causal[None] & real[:, None, :]  # [B, T, S=T]
+    hidden, _ = run_decoder(params, config, tokens, positions, mask, remat=remat)
+    return hidden
+
+
+@functools.partial(jax.jit, static_argnames=("config", "remat"))
+def forward(params: dict, config: ModelConfig, tokens: jax.Array,
+            attention_mask: jax.Array | None = None, *, remat: bool = False) -> jax.Array:
+    """Full causal forward: tokens int32 [B, T] -> float32 logits [B, T, V].
+
+    attention_mask [B, T] (1 = real token, 0 = pad; default all real). Pads may be on either
+    side; real tokens get positions cumsum(mask) - 1. `remat` recomputes each layer in the
+    backward pass instead of storing its activations.
+    """
+    return logits_from_hidden(params, config,
+                              hidden_states(params, config, tokens, attention_mask, remat=remat))
