@@ -1,0 +1,147 @@
+"""A generic sharded train step with exact token-mean gradient accumulation.
+
+The step is parameterised by a loss function that returns *sums*, never means::
+
+    loss_fn(params, micro_batch) -> (loss_sum, token_count, metric_sums)
+
+so that summing over micro-batches and dividing once by the total token count gives exactly the
+gradient of the token mean over the whole batch (not a mean of per-micro-batch means, which
+would weight short micro-batches up). ``metric_sums`` are token-weighted sums too (e.g. the
+number of clipped tokens) and come back as token means.
+
+Sharding: params, and the optimizer moments that mirror them, follow the model's partition specs
+on a ("fsdp", "tp") mesh; every batch array is split over "fsdp" on its leading (row) axis; the
+scalar optimizer state is replicated.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rstar2_jax.train.optim import current_lr
+
+LossFn = Callable[[Any, dict], tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+
+
+class TrainState(NamedTuple):
+    """Everything an update changes. ``step`` counts updates over the whole run (int32 [])."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+def state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh,
+                    param_specs: Any) -> TrainState:
+    """NamedShardings for a TrainState: params by ``param_specs``, optimizer moments like their
+    params, everything else (counts, learning rate, step) replicated."""
+    param_sh = jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs,
+                            is_leaf=lambda x: isinstance(x, P))
+    replicated = NamedSharding(mesh, P())
+    abstract_opt = jax.eval_shape(optimizer.init, params)
+    opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
+                                   transform_non_params=lambda _: replicated)
+    return TrainState(param_sh, opt_sh, replicated)
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation, *,
+                     mesh: Mesh | None = None, param_specs: Any = None, step: int = 0) -> TrainState:
+    """A fresh optimizer state for ``params``, placed on ``mesh`` when given."""
+    if mesh is None:
+        return TrainState(params, optimizer.init(params), jnp.asarray(step, jnp.int32))
+    shardings = state_shardings(optimizer, params, mesh, param_specs)
+    params = jax.device_put(params, shardings.params)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    return TrainState(params, opt_state, jax.device_put(jnp.asarray(step, jnp.int32), shardings.step))
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batches: int):
+    """Gradient of the token mean of ``loss_fn`` over ``batch``, in ``micro_batches`` passes.
+
+    Micro-batch i takes rows i, i + n, i + 2n, ... (n = micro_batches). Striding rather than
+    slicing keeps every micro-batch spread over all data-parallel devices: a contiguous slice of
+    a row-sharded batch would live on only a few of them.
+
+    Returns:
+      (mean_grads float32 like params, loss_sum [], token_count [], metric_sums dict of []).
+    """
+    rows = {x.shape[0] for x in jax.tree.leaves(batch)}
+    if len(rows) != 1:
+        raise ValueError(f"batch arrays disagree on the number of rows: {sorted(rows)}")
+    num_rows = rows.pop()
+    if num_rows % micro_batches:
+        raise ValueError(f"batch of {num_rows} rows does not split into {micro_batches} micro-batches")
+
+    def split(x):
+        x = x.reshape(num_rows // micro_batches, micro_batches, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    def sum_loss(p, mb):
+        loss_sum, count, metrics = loss_fn(p, mb)
+        return loss_sum, (loss_sum, count, metrics)
+
+    grad_fn = jax.grad(sum_loss, has_aux=True)
+
+    def body(carry, mb):
+        grads, loss_sum, count, metrics = carry
+        g, (l, c, m) = grad_fn(params, mb)
+        grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        metrics = jax.tree.map(jnp.add, metrics, m)
+        return (grads, loss_sum + l, count + c, metrics), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
+    metric_zeros = jax.tree.map(lambda m: jnp.zeros_like(m, jnp.float32),
+                                jax.eval_shape(loss_fn, params, first)[2])
+    init = (zeros, jnp.float32(0), jnp.float32(0), metric_zeros)
+    (grads, loss_sum, count, metrics), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
+    # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
+    return grads, loss_sum, count, metrics
+
+
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
+                    micro_batches: int = 1, mesh: Mesh | None = None,
+                    param_specs: Any = None, params: Any = None):
+    """A jitted ``step(state, batch) -> (state, metrics)``; the input state is donated.
+
+    Args:
+      loss_fn: ``(params, micro_batch) -> (loss_sum, token_count, metric_sums)``.
+      optimizer: from :func:`rstar2_jax.train.optim.make_optimizer`.
+      micro_batches: forward/backward passes per update (activation memory / micro_batches).
+      mesh, param_specs, params: shard the step; ``params`` (arrays or abstract shapes) give the
+        optimizer-state structure. Without a mesh the step runs wherever its inputs live.
+
+    Metrics (float32 scalars): ``loss`` (token mean), ``tokens``, ``grad_norm`` (before
+    clipping), ``lr`` (of this update), and each of ``loss_fn``'s metric sums divided by tokens.
+    Rows are split over "fsdp" on a mesh, so the row count must be a multiple of
+    ``micro_batches`` times the fsdp size (pad with all-masked rows).
+    """
+
+    def step(state: TrainState, batch: dict):
+        grads, loss_sum, count, metric_sums = accumulate_gradients(
+            loss_fn, state.params, batch, micro_batches)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        denom = jnp.maximum(count, 1.0)
+        metrics = {name: value / denom for name, value in metric_sums.items()}
+        metrics |= {"loss": loss_sum / denom, "tokens": count,
+                    "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state)}
+        return TrainState(params, opt_state, state.step + 1), metrics
+
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    if param_specs is None or params is None:
+        raise ValueError("a sharded train step needs param_specs and params (or their shapes)")
+    shardings = state_shardings(optimizer, params, mesh, param_specs)
+    return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
+                   out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=0)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Rows over "fsdp", everything else replicated (applies to every batch array)."""
+    return NamedSharding(mesh, P("fsdp"))
