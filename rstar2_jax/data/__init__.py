@@ -1,0 +1,1 @@
+"""Problem sets, the toy task, its tokenizer and its SFT demonstrations."""

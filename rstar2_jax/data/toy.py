@@ -1,0 +1,152 @@
+"""The toy task: integer problems a tiny model cannot do in its head but can do with one line of Python.
+
+Each problem copies a few numbers into a fixed program shape (modular products, digit sums of
+powers, prime counts, gcd/lcm sums, divisor counts). A model of a few million parameters can
+learn to copy digits into the program; it cannot learn the arithmetic. Answers are computed
+here exactly (plain integer arithmetic), independently of the sandbox that will run the code.
+
+Every problem also carries a cheap heuristic estimate of its answer: what a model that answers
+"in its head" without the tool would plausibly say. The SFT demonstrations use it for the
+no-tool answers, which are therefore usually wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Callable, Sequence
+
+from rstar2_jax.chat import ChatFormat, TOOL_NAME
+
+# The toy model learns the protocol from its demonstrations, not from instructions, so a
+# one-line system turn will do; it keeps trajectories around 100-250 tokens.
+TOY_FORMAT = ChatFormat(
+    system_prompt=f"Solve the problem. You may call the tool {TOOL_NAME}.",
+    user_template="{question}",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyProblem:
+    """One toy problem.
+
+    Attributes:
+      question: the problem text.
+      answer: the exact integer answer, as decimal text.
+      kind: which template made it (one of ``KINDS``).
+      code: a Python program that prints the answer.
+      estimate: a heuristic mental guess, as decimal text (usually wrong).
+    """
+
+    question: str
+    answer: str
+    kind: str
+    code: str
+    estimate: str
+
+
+def _mod_product(rng: random.Random) -> ToyProblem:
+    a, b, m = rng.randint(10_000, 999_999), rng.randint(10_000, 999_999), rng.randint(101, 9_999)
+    return ToyProblem(
+        question=f"What is {a} * {b} mod {m}?",
+        answer=str(a * b % m),
+        kind="mod_product",
+        code=f"print({a} * {b} % {m})",
+        estimate=str(rng.randrange(m)),  # any residue looks as likely as another
+    )
+
+
+def _digit_sum_power(rng: random.Random) -> ToyProblem:
+    b, e = rng.randint(3, 99), rng.randint(20, 99)
+    n_digits = math.floor(e * math.log10(b)) + 1
+    return ToyProblem(
+        question=f"What is the digit sum of {b}^{e}?",
+        answer=str(sum(map(int, str(b**e)))),
+        kind="digit_sum_power",
+        code=f"print(sum(map(int, str({b}**{e}))))",
+        estimate=str(round(4.5 * n_digits)),  # average digit times the digit count
+    )
+
+
+def _count_primes(rng: random.Random) -> ToyProblem:
+    lo = rng.randint(100, 20_000)
+    hi = lo + rng.randint(50, 2_000)
+    return ToyProblem(
+        question=f"How many primes are there from {lo} to {hi}?",
+        answer=str(sum(_is_prime(n) for n in range(lo, hi + 1))),
+        kind="count_primes",
+        code=f"from sympy import primepi\nprint(primepi({hi}) - primepi({lo - 1}))",
+        estimate=str(round((hi - lo + 1) / math.log(hi))),  # the prime number theorem
+    )
+
+
+def _gcd_lcm(rng: random.Random) -> ToyProblem:
+    g = rng.randint(2, 60)  # a shared factor, so that the gcd is not almost always 1
+    a, b = g * rng.randint(10, 999), g * rng.randint(10, 999)
+    c, d = rng.randint(10, 999), rng.randint(10, 999)
+    return ToyProblem(
+        question=f"What is gcd({a}, {b}) + lcm({c}, {d})?",
+        answer=str(math.gcd(a, b) + math.lcm(c, d)),
+        kind="gcd_lcm",
+        code=f"from math import gcd, lcm\nprint(gcd({a}, {b}) + lcm({c}, {d}))",
+        estimate=str(1 + c * d),  # as if both pairs were coprime
+    )
+
+
+def _divisor_count(rng: random.Random) -> ToyProblem:
+    n = rng.randint(1_000, 2_000_000)
+    return ToyProblem(
+        question=f"How many divisors does {n} have?",
+        answer=str(_num_divisors(n)),
+        kind="divisor_count",
+        code=f"from sympy import divisor_count\nprint(divisor_count({n}))",
+        estimate=str(2 ** rng.randint(2, 5)),  # typical counts are small powers of two
+    )
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % p for p in range(2, math.isqrt(n) + 1))
+
+
+def _num_divisors(n: int) -> int:
+    count, p = 1, 2
+    while p * p <= n:
+        exponent = 0
+        while n % p == 0:
+            n //= p
+            exponent += 1
+        count *= exponent + 1
+        p += 1
+    return count * (2 if n > 1 else 1)
+
+
+_GENERATORS: dict[str, Callable[[random.Random], ToyProblem]] = {
+    "mod_product": _mod_product,
+    "digit_sum_power": _digit_sum_power,
+    "count_primes": _count_primes,
+    "gcd_lcm": _gcd_lcm,
+    "divisor_count": _divisor_count,
+}
+KINDS: tuple[str, ...] = tuple(_GENERATORS)
+
+
+def make_splits(
+    n_train: int, n_test: int, seed: int = 0, kinds: Sequence[str] = KINDS
+) -> tuple[list[ToyProblem], list[ToyProblem]]:
+    """Disjoint train and test problems, a deterministic function of the arguments.
+
+    Kinds are drawn uniformly at random; no question appears twice across both splits.
+    """
+    unknown = set(kinds) - set(KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS}; unknown: {sorted(unknown)}")
+    rng = random.Random(seed)
+    problems: dict[str, ToyProblem] = {}
+    # The question spaces are huge, so duplicates are rare and this loop ends quickly.
+    while len(problems) < n_train + n_test:
+        problem = _GENERATORS[rng.choice(kinds)](rng)
+        problems.setdefault(problem.question, problem)
+    ordered = list(problems.values())
+    train, test = ordered[:n_train], ordered[n_train:]
+    assert not {p.question for p in train} & {p.question for p in test}
+    return train, test
