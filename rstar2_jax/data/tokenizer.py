@@ -1,7 +1,8 @@
 """A small Qwen-style tokenizer trained on the toy corpus, saved in Hugging Face format.
 
 It is built like Qwen2's: byte-level BPE behind Qwen's split pattern, which puts every digit in
-its own pre-token, so numbers are copied digit by digit and no merge can span two digits. The
+its own pre-token, so numbers are copied digit by digit and no merge can span two digits. Unlike
+Qwen2 it has no NFC normalizer, so decoding gives back exactly the text that was encoded. The
 chat markup tokens are added whole, with Qwen's convention: ``<|...|>`` tokens are special
 (dropped by ``decode(skip_special_tokens=True)``), the tool tags are ordinary added tokens that
 survive decoding.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from rstar2_jax.chat import (
@@ -45,7 +46,6 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     if vocab_size <= n_fixed:
         raise ValueError(f"vocab_size must exceed {n_fixed} (bytes and markup tokens); got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
