@@ -1,0 +1,6 @@
+"""Sampling: plain batched generation and agentic multi-turn rollouts with tool calls."""
+from rstar2_jax.sampler.engine import Engine
+from rstar2_jax.sampler.generate import Generation, generate
+from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
+
+__all__ = ["Engine", "Generation", "SamplingParams", "generate", "sample_tokens"]

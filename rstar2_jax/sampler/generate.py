@@ -1,0 +1,89 @@
+"""Plain batched generation (no tools): a thin loop over the `Engine`."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from rstar2_jax.model import ModelConfig
+from rstar2_jax.sampler.engine import Engine, bucket
+from rstar2_jax.sampler.sampling import SamplingParams
+
+# A token id no tokenizer produces: lets "no stop tokens" share the stop-token code path.
+_NO_STOP = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One generated continuation: `tokens` include the stop token when one was produced."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop token) or "length" (max_new_tokens reached)
+
+
+def generate(
+    params, config: ModelConfig, prompts: list[list[int]], max_new_tokens: int, *,
+    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop_tokens=(), seed: int = 0,
+    num_slots: int | None = None, chunk: int = 64,
+) -> list[Generation]:
+    """Generates a continuation for every prompt.
+
+    Args:
+      params, config: the model.
+      prompts: token-id lists, any lengths (each >= 1 token).
+      max_new_tokens: generation budget per prompt.
+      temperature, top_p, top_k: see `SamplingParams` (temperature 0 = greedy).
+      stop_tokens: ids that end a continuation (kept as its last token).
+      seed: PRNG seed.
+      num_slots: rows decoded together (default: all prompts, rounded up to a power of two);
+        with fewer slots than prompts, finished rows are refilled with the next prompt.
+      chunk: decode steps per device call.
+
+    Returns:
+      one `Generation` per prompt, in order; `logprobs` are the sampler's (see `sample_tokens`).
+    """
+    if not prompts:
+        return []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    slots = num_slots or bucket(len(prompts), minimum=1)
+    max_prompt = max(len(p) for p in prompts)
+    engine = Engine(
+        params, config, num_slots=slots, max_len=bucket(max_prompt) + max_new_tokens,
+        max_prompt_len=max_prompt, sampling=SamplingParams(temperature, top_p, top_k),
+        stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk,
+        stage_rows=min(slots, 8), seed=seed,
+    )
+    stop_set = set(stop_tokens)
+    queue = collections.deque(range(len(prompts)))
+    owner: list[int | None] = [None] * slots  # prompt index decoded by each slot
+    tokens: list[list[int]] = [[] for _ in prompts]
+    logprobs: list[list[float]] = [[] for _ in prompts]
+    reasons: list[str] = [""] * len(prompts)
+    while queue or any(o is not None for o in owner):
+        free = [s for s in range(slots) if owner[s] is None]
+        starting = []
+        while free and queue and len(starting) < engine.stage_rows:
+            starting.append((free.pop(0), queue.popleft()))
+        if starting:
+            engine.stage_prompts(list(range(len(starting))), [prompts[i] for _, i in starting])
+            engine.admit([(row, slot, prompts[i][-1], max_new_tokens)
+                          for row, (slot, i) in enumerate(starting)])
+            for slot, i in starting:
+                owner[slot] = i
+        # Return to the host as soon as a slot frees if prompts are still waiting for one.
+        out = engine.decode(min_stops=1 if queue else None)
+        for slot in range(slots):
+            i = owner[slot]
+            n = int(out.count[slot])
+            if i is None:
+                continue
+            tokens[i].extend(int(t) for t in out.tokens[slot, :n])
+            logprobs[i].extend(float(x) for x in out.logprobs[slot, :n])
+            if out.stopped[slot]:
+                reasons[i] = "stop" if tokens[i] and tokens[i][-1] in stop_set else "length"
+                owner[slot] = None
+    return [Generation(t, lp, r) for t, lp, r in zip(tokens, logprobs, reasons)]
+
