@@ -1,0 +1,161 @@
+"""The GRPO-RoC policy loss: PPO clipped surrogate with Clip-Higher, token-mean aggregation.
+
+Per loss token t of rollout i, with ratio r = exp(logp - old_logp) and advantage A = A_i:
+
+    l_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          (DESIGN.md §3, paper Eq. 6)
+
+Clip-Higher (eps_high = 0.28 > eps_low = 0.2) leaves more room for raising the probability of
+unlikely tokens. The gradient of l_t with respect to logp_t is -A * r where the unclipped branch
+is the minimum and 0 where the clipped one is: for A > 0 once r > 1 + eps_high, for A < 0 once
+r < 1 - eps_low. Optional dual clip (Ye et al. 2020) bounds the loss of a negative-advantage token at
+-dual_clip * A, so a token whose probability already grew a lot cannot produce an unbounded step.
+No KL and no entropy term by default (the paper removed both); a k3 KL penalty to a reference
+policy is available with `kl_coef > 0`.
+
+Aggregation and gradient accumulation: the function returns an unreduced `(loss_sum,
+denominator)`. For an optimizer step split into micro-batches the loss is
+
+    sum(loss_sum over micro-batches) / sum(denominator over micro-batches),
+
+which is exactly the full-batch value for every mode below (divide once, after summing):
+
+- "token-mean" (default, paper): loss_sum = sum of l_t over loss tokens, denominator = number of
+  loss tokens. Every token weighs the same, whatever the length of its sequence.
+- "seq-mean-token-mean" (original GRPO): loss_sum = sum over sequences of that sequence's mean
+  l_t, denominator = number of sequences with at least one loss token. Every sequence weighs the
+  same, so a token of a short answer weighs more than a token of a long one.
+- "seq-mean-token-sum": loss_sum = sum of l_t over loss tokens, denominator = number of sequences
+  with at least one loss token. Like token-mean but divided by a sequence count.
+"""
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from rstar2_jax.algorithms._checks import check_values
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def policy_loss(
+    logp: jnp.ndarray,
+    old_logp: jnp.ndarray,
+    advantages: jnp.ndarray,
+    mask: jnp.ndarray,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    *,
+    dual_clip: float | None = None,
+    ref_logp: jnp.ndarray | None = None,
+    kl_coef: float = 0.0,
+    logits: jnp.ndarray | None = None,
+    loss_agg_mode: LossAggMode = "token-mean",
+) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
+    """Clipped policy-gradient loss of one (micro-)batch, unreduced for exact accumulation.
+
+    Args:
+      logp: `[batch, seq]` log-probabilities (nats) of the sampled tokens under the policy being
+        trained; the gradient flows through these only.
+      old_logp: `[batch, seq]` log-probabilities of the same tokens under the policy that sampled
+        them.
+      advantages: `[batch]` per-rollout advantages (broadcast to every token) or `[batch, seq]`.
+      mask: `[batch, seq]` loss mask, nonzero for tokens the model generated. Values at masked
+        positions of every other array are ignored, even inf or NaN.
+      eps_low: lower clip range, the ratio is clipped below at 1 - eps_low.
+      eps_high: upper clip range (Clip-Higher), the ratio is clipped above at 1 + eps_high.
+      dual_clip: if set (> 1, e.g. 3.0), caps a negative-advantage token's loss at -dual_clip * A.
+      ref_logp: `[batch, seq]` reference-policy log-probabilities, for the KL term and metric.
+      kl_coef: beta, weight (Python float) of the per-token k3 estimate of KL(policy || reference)
+        added to the loss; 0 turns it off and needs no `ref_logp`.
+      logits: `[batch, seq, vocab]` logits that produced `logp`, only to report the entropy
+        (it is not part of the loss).
+      loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum" (module docstring).
+
+    Returns:
+      `(loss_sum, denominator, metrics)`: float32 scalar, int32 scalar (loss tokens for
+      token-mean, non-empty sequences otherwise) and a dict of float32 scalars over this call's
+      loss tokens: `num_tokens`; `clip_low_frac`, `clip_high_frac` (share of tokens whose gradient
+      the low / high clip cuts); `dual_clip_frac` if `dual_clip`; `approx_kl` (k3 estimate of
+      KL(old || policy)); `ratio_mean`, `ratio_max`; `ref_kl` if `ref_logp`; `entropy` (nats) if
+      `logits`. With no loss token every metric is 0.
+    """
+    _check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode)
+    check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
+    check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
+    if dual_clip is not None:
+        check_values(dual_clip, lambda c: c > 1, f"dual_clip must be > 1, got {dual_clip}")
+    if kl_coef != 0 and ref_logp is None:
+        raise ValueError("kl_coef != 0 needs ref_logp")
+
+    mask = jnp.asarray(mask).astype(bool)
+    if jnp.ndim(advantages) == 1:
+        advantages = advantages[:, None]
+    # Masked positions are replaced *before* any arithmetic: multiplying a garbage value by a zero
+    # mask is not enough, since 0 * inf = NaN, in the loss and in its gradient.
+    advantages = jnp.where(mask, advantages, 0.0)
+    log_ratio = jnp.where(mask, logp - old_logp, 0.0)
+    ratio = jnp.exp(log_ratio)
+
+    per_token = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
+    if dual_clip is not None:
+        per_token = jnp.where(advantages < 0, jnp.minimum(per_token, -advantages * dual_clip), per_token)
+    if ref_logp is not None:
+        ref_kl = _k3(jnp.where(mask, ref_logp - logp, 0.0))
+        if kl_coef != 0:
+            per_token = per_token + kl_coef * ref_kl
+    per_token = jnp.where(mask, per_token, 0.0)
+
+    tokens_per_row = jnp.sum(mask, axis=-1)
+    num_rows = jnp.sum(tokens_per_row > 0, dtype=jnp.int32)
+    if loss_agg_mode == "token-mean":
+        loss_sum, denominator = jnp.sum(per_token), jnp.sum(tokens_per_row, dtype=jnp.int32)
+    elif loss_agg_mode == "seq-mean-token-mean":
+        row_mean = jnp.sum(per_token, axis=-1) / jnp.maximum(tokens_per_row, 1)
+        loss_sum, denominator = jnp.sum(row_mean), num_rows
+    else:
+        loss_sum, denominator = jnp.sum(per_token), num_rows
+
+    num_tokens = jnp.sum(mask)
+
+    def mean(x):
+        return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(num_tokens, 1)
+
+    metrics = {
+        "num_tokens": num_tokens.astype(jnp.float32),
+        "clip_low_frac": mean((advantages < 0) & (ratio < 1 - eps_low)),
+        "clip_high_frac": mean((advantages > 0) & (ratio > 1 + eps_high)),
+        "approx_kl": mean(_k3(log_ratio)),
+        "ratio_mean": mean(ratio),
+        "ratio_max": jnp.max(jnp.where(mask, ratio, 0.0)),
+    }
+    if dual_clip is not None:
+        metrics["dual_clip_frac"] = mean((advantages < 0) & (ratio > dual_clip))
+    if ref_logp is not None:
+        metrics["ref_kl"] = mean(ref_kl)
+    if logits is not None:
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        metrics["entropy"] = mean(-jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
+    metrics = {name: jax.lax.stop_gradient(value).astype(jnp.float32) for name, value in metrics.items()}
+    return loss_sum.astype(jnp.float32), denominator, metrics
+
+
+def _k3(log_q_over_p):
+    """Per-token k3 estimate of KL(p || q) from samples of p: q/p - log(q/p) - 1, always >= 0
+    and lower-variance than -log(q/p) (Schulman, "Approximating KL divergence")."""
+    return jnp.exp(log_q_over_p) - log_q_over_p - 1
+
+
+def _check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode):
+    if loss_agg_mode not in _LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {_LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+    shape = jnp.shape(logp)
+    if len(shape) != 2:
+        raise ValueError(f"logp must be [batch, seq], got shape {shape}")
+    for name, x in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+        if x is not None and jnp.shape(x) != shape:
+            raise ValueError(f"{name} must have logp's shape {shape}, got {jnp.shape(x)}")
+    if jnp.shape(advantages) not in (shape[:1], shape):
+        raise ValueError(f"advantages must be [batch] {shape[:1]} or [batch, seq] {shape}, got {jnp.shape(advantages)}")
+    if logits is not None and jnp.shape(logits)[:2] != shape:
+        raise ValueError(f"logits must be [batch, seq, vocab] with [batch, seq] = {shape}, got {jnp.shape(logits)}")
