@@ -1,0 +1,76 @@
+"""Limits and sizing of the sandbox pool.
+
+One frozen dataclass travels from the pool to every template process (as JSON), so the parent
+and the templates always agree on the limits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+ISOLATION_LEVELS = ("namespaces", "uid", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """Per-call limits and pool sizing.
+
+    Attributes:
+      timeout_s: wall-clock limit of one call, seconds, measured from the fork of its child.
+        rStar2 ran its tool with 4 s.
+      cpu_s: RLIMIT_CPU of one call, seconds (catches C-level loops that ignore signals);
+        defaults to ``ceil(timeout_s) + 1``.
+      memory_bytes: RLIMIT_AS of one call, bytes. It counts the forked template's address
+        space (~0.3 GiB with numpy and sympy), so keep it well above that.
+      max_processes: RLIMIT_NPROC of one call (processes and threads of its slot uid).
+      max_file_bytes: RLIMIT_FSIZE, the largest file one call may write, bytes.
+      max_open_files: RLIMIT_NOFILE of one call.
+      output_limit_bytes: cap on each of stdout and stderr, bytes; a call that writes more is
+        killed with status ``output_limit``. Only this much is ever buffered.
+      scratch_bytes: size of the call's private tmpfs working directory (namespaces level).
+      slots_per_worker: calls one template supervises at once. Sleeping or timing-out calls
+        hold a slot without using CPU, so slots are oversubscribed relative to cores.
+      isolation: ``"auto"`` picks the strongest level the kernel grants; forcing a level
+        is for tests and for hosts where detection is wrong. See docs/sandbox.md.
+    """
+
+    timeout_s: float = 4.0
+    cpu_s: int | None = None
+    memory_bytes: int = 1 << 30
+    max_processes: int = 32
+    max_file_bytes: int = 16 << 20
+    max_open_files: int = 128
+    output_limit_bytes: int = 1 << 20
+    scratch_bytes: int = 64 << 20
+    slots_per_worker: int = 8
+    isolation: str = "auto"
+
+    def __post_init__(self):
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files",
+                     "output_limit_bytes", "scratch_bytes", "slots_per_worker"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_open_files < 16:
+            raise ValueError("max_open_files below 16 breaks numpy/sympy imports")
+        if self.isolation not in ("auto",) + ISOLATION_LEVELS:
+            raise ValueError(f"isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {self.isolation!r}")
+
+    @property
+    def cpu_limit_s(self) -> int:
+        return self.cpu_s if self.cpu_s is not None else math.ceil(self.timeout_s) + 1
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "SandboxConfig":
+        return cls(**json.loads(text))
+
+
+def default_num_workers() -> int:
+    """One template per core the process may use: each runs its calls' CPU work."""
+    return len(os.sched_getaffinity(0))
