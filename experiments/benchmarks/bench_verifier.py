@@ -1,0 +1,155 @@
+"""Verifier throughput on a GRPO-like batch: scores/s through VerifierPool (target >= 100).
+
+A batch is `problems x rollouts` responses. Each problem has a gold answer drawn from a mix like
+the paper's data (mostly integers, then fractions, radicals and pi, intervals and sets, and
+symbolic expressions that need math-verify); each rollout boxes one of a few candidate
+answers (equivalent rewrites of the gold or typical wrong answers), so answers repeat within a
+group as they do in RL. Some rollouts are truncated before boxing anything.
+
+Figures printed:
+- cold batch: a fresh pool scores the batch (every distinct pair verified once): the RL case;
+- warm batch: the same batch again (all cache hits): the cost of the parent-side bookkeeping;
+- all-distinct: as many distinct pairs as the batch has, no repeats: the uncached worst case;
+- in-process `score` on the distinct pairs, single process, for reference.
+
+Usage: python experiments/benchmarks/bench_verifier.py [--problems 64] [--rollouts 16] [--workers 2]
+"""
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+from rstar2_jax.rewards import VerifierPool, score
+
+REASONING = (
+    "<reason>Let me set up the problem and check it with the tool.</reason>\n"
+    "<tool_call>{\"name\": \"execute_python_code_with_standard_io\", \"arguments\": "
+    "{\"code\": \"print(sum(range(10)))\", \"input\": \"\"}}</tool_call>\n"
+    "<tool_response>Tool call success\nstdout: 45\n</tool_response>\n"
+) + "<reason>" + "Continuing the computation step by step. " * 40 + "</reason>\n"
+
+
+def _problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
+    """(gold, equivalent rewrites, wrong answers) for one random problem."""
+    kind = rng.choices(["integer", "fraction", "radical", "interval", "expression"], [50, 20, 10, 10, 10])[0]
+    if kind == "integer":
+        n = rng.randint(1, 99_999)
+        return str(n), [str(n), f"{n:,}", f"{n}.0", f"\\text{{{n}}}"], [str(n + 1), str(n - 1), str(-n), str(2 * n)]
+    if kind == "fraction":
+        p, q = rng.randint(1, 50), rng.randint(51, 99)
+        return (
+            f"\\frac{{{p}}}{{{q}}}",
+            [f"\\frac{{{p}}}{{{q}}}", f"\\dfrac{{{p}}}{{{q}}}", f"{p}/{q}", f"\\frac{{{2 * p}}}{{{2 * q}}}"],
+            [f"\\frac{{{q}}}{{{p}}}", f"\\frac{{{p + 1}}}{{{q}}}", f"{p / q:.4f}"],
+        )
+    if kind == "radical":
+        a, b = rng.randint(2, 9), rng.choice([2, 3, 5, 6, 7])
+        return (
+            f"{a}\\sqrt{{{b}}}",
+            [f"{a}\\sqrt{{{b}}}", f"\\sqrt{{{a * a * b}}}", f"\\frac{{{a * b}}}{{\\sqrt{{{b}}}}}"],
+            [f"\\sqrt{{{a * b}}}", f"{a * b}", f"{a * b ** 0.5:.3f}", f"{a}\\pi"],
+        )
+    if kind == "interval":
+        lo, hi = sorted(rng.sample(range(-20, 20), 2))
+        return (
+            f"[{lo}, {hi})",
+            [f"[{lo}, {hi})", f"\\left[{lo},{hi}\\right)"],
+            [f"({lo}, {hi})", f"[{lo}, {hi}]", f"\\{{{lo}, {hi}\\}}"],
+        )
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    return (
+        f"(x+{a})(x+{b})",
+        [f"(x+{a})(x+{b})", f"x^2+{a + b}x+{a * b}", f"(x+{b})(x+{a})"],
+        [f"x^2+{a * b}", f"(x+{a})^2", f"x^2+{a + b}x"],
+    )
+
+
+def make_batch(problems: int, rollouts: int, seed: int) -> tuple[list[tuple[str, str]], list[float]]:
+    """`problems * rollouts` (response, gold) pairs, each group drawing from ~7 candidate
+    answers, and the reward each should get by construction."""
+    rng = random.Random(seed)
+    batch, labels = [], []
+    for _ in range(problems):
+        gold, right, wrong = _problem(rng)
+        p_correct = rng.random()  # problems range from hard to easy, as in a GRPO batch
+        for _ in range(rollouts):
+            if rng.random() < 0.05:
+                batch.append((REASONING + "<reason>Still computing", gold))  # truncated
+                labels.append(0.0)
+                continue
+            correct = rng.random() < p_correct
+            candidates = right if correct else wrong
+            answer = candidates[min(int(rng.expovariate(1.0)), len(candidates) - 1)]  # a few dominate
+            batch.append((REASONING + f"<answer>The answer is $\\boxed{{{answer}}}$.</answer>", gold))
+            labels.append(float(correct))
+    return batch, labels
+
+
+def _report(label: str, count: int, seconds: float, extra: str = "") -> None:
+    print(f"{label:<34} {count:>6} scores in {seconds:7.3f} s = {count / seconds:9.1f} scores/s  {extra}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", type=int, default=64)
+    parser.add_argument("--rollouts", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout-s", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    batch, labels = make_batch(args.problems, args.rollouts, args.seed)
+    print(
+        f"machine: {os.cpu_count()} CPUs, shared with other jobs (figures are noisy); "
+        f"{args.workers} verifier workers, timeout {args.timeout_s} s"
+    )
+    print(f"batch: {args.problems} problems x {args.rollouts} rollouts = {len(batch)} responses")
+
+    start = time.perf_counter()
+    with VerifierPool(num_workers=args.workers, timeout_s=args.timeout_s) as pool:
+        print(f"pool start-up: {time.perf_counter() - start:.2f} s (once per training run)")
+        start = time.perf_counter()
+        cold = pool.score_batch(batch)
+        cold_s = time.perf_counter() - start
+        stats = pool.stats()
+        _report(
+            "cold batch (GRPO, answers repeat)", len(batch), cold_s,
+            f"[{stats.verified} verified, {stats.cache_hits} cache hits, {stats.no_answer} unboxed, "
+            f"{stats.timeouts} timeouts; mean reward {statistics.fmean(cold):.3f}]",
+        )
+        start = time.perf_counter()
+        warm = pool.score_batch(batch)
+        _report("warm batch (all cached)", len(batch), time.perf_counter() - start)
+        assert warm == cold
+        wrong = [(pair[0][-60:], pair[1]) for pair, got, want in zip(batch, cold, labels) if got != want]
+        print(f"rewards agreeing with the generator's labels: {len(batch) - len(wrong)}/{len(batch)} {wrong[:5]}")
+
+    # Worst case: no repeats at all (fresh pool, so nothing is cached).
+    unique, _ = make_batch(len(batch), 1, args.seed + 1)
+    with VerifierPool(num_workers=args.workers, timeout_s=args.timeout_s) as pool:
+        start = time.perf_counter()
+        pool.score_batch(unique)
+        stats = pool.stats()
+        _report(
+            "all-distinct batch (no cache help)", len(unique), time.perf_counter() - start,
+            f"[{stats.verified} verified]",
+        )
+
+    pairs = list(dict.fromkeys(batch))
+    latencies = []
+    for response, gold in pairs:
+        start = time.perf_counter()
+        score(response, gold)
+        latencies.append(time.perf_counter() - start)
+    latencies.sort()
+    _report(
+        "in-process score, distinct pairs", len(pairs), sum(latencies),
+        f"[p50 {1e3 * latencies[len(latencies) // 2]:.1f} ms, "
+        f"p99 {1e3 * latencies[int(0.99 * (len(latencies) - 1))]:.1f} ms, 1 process]",
+    )
+
+
+if __name__ == "__main__":
+    main()
