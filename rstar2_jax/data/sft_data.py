@@ -1,0 +1,182 @@
+"""SFT demonstrations for the toy task, in the rStar2 message format.
+
+The mixture is deliberately imperfect, so that the SFT policy leaves room for RL:
+
+- ``tool``:       call the tool with the right program, read its output, answer;
+- ``typo``:       the first program has a typo (``pritn``) and fails with a traceback; a corrected
+                  second call; answer;
+- ``wrong_name``: the first call names a tool that does not exist; a corrected call; answer;
+- ``bad_json``:   the first call is not valid JSON; a corrected call; answer;
+- ``no_tool``:    answer at once with a mental estimate, which is usually wrong.
+
+Tool outputs are produced the way the sampler produces them during RL: programs run in the
+sandbox and are rendered by ``render_result``; malformed calls go through ``parse_tool_call``
+and ``malformed_call_response``. A demonstration whose program does not print the reference
+answer is an error, never a silently wrong demonstration.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from typing import Iterable, Iterator, Sequence
+
+from rstar2_jax import chat
+from rstar2_jax.data.toy import ToyProblem
+from rstar2_jax.sandbox import ExecResult, Executor, render_result
+
+STYLES = ("tool", "typo", "wrong_name", "bad_json", "no_tool")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoMix:
+    """Fractions of the demonstration styles (see the module docstring); they must sum to 1.
+
+    ``first_call_error`` is split evenly between ``typo``, ``wrong_name`` and ``bad_json``.
+    """
+
+    tool: float = 0.6
+    first_call_error: float = 0.25
+    no_tool: float = 0.15
+
+    def __post_init__(self):
+        fractions = (self.tool, self.first_call_error, self.no_tool)
+        if min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
+            raise ValueError(f"DemoMix fractions must be >= 0 and sum to 1; got {fractions}")
+
+    def weights(self) -> list[float]:
+        """Weights aligned with ``STYLES``."""
+        third = self.first_call_error / 3
+        return [self.tool, third, third, third, self.no_tool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Demo:
+    """One demonstration: ``messages`` is ``[user, assistant, (tool, assistant)*]`` (see
+    ``chat.encode_conversation``); ``answer`` is the reference answer of the question."""
+
+    style: str
+    answer: str
+    messages: tuple[dict, ...]
+
+
+def make_demos(
+    problems: Sequence[ToyProblem],
+    executor: Executor,
+    mix: DemoMix = DemoMix(),
+    seed: int = 0,
+    max_chars: int = 1024,
+    show_time: bool = True,
+) -> list[Demo]:
+    """One demonstration per problem, styles drawn from ``mix`` with ``seed``.
+
+    Args:
+      problems: toy problems (their ``code`` and ``estimate`` make the demonstrations).
+      executor: runs the programs, e.g. a ``SandboxPool``.
+      max_chars, show_time: how tool results are rendered; use the RL rollout's settings so
+        that SFT and RL show the model the same format.
+    """
+    rng = random.Random(seed)
+    styles = rng.choices(STYLES, weights=mix.weights(), k=len(problems))
+    # Every program of every demonstration is submitted before any result is awaited.
+    futures = {
+        (i, code): executor.submit(code, "")
+        for i, (problem, style) in enumerate(zip(problems, styles))
+        for code in _programs(problem, style)
+    }
+    outputs: dict[int, dict[str, str]] = {i: {} for i in range(len(problems))}
+    for (i, code), future in futures.items():
+        result: ExecResult = future.result()
+        _check_result(problems[i], code, result)
+        outputs[i][code] = render_result(result, max_chars=max_chars, show_time=show_time)
+    return [
+        Demo(style, problem.answer, _messages(problem, style, outputs[i]))
+        for i, (problem, style) in enumerate(zip(problems, styles))
+    ]
+
+
+def _typo(code: str) -> str:
+    return code.replace("print(", "pritn(", 1)
+
+
+def _programs(problem: ToyProblem, style: str) -> list[str]:
+    return {"no_tool": [], "typo": [_typo(problem.code), problem.code]}.get(style, [problem.code])
+
+
+def _check_result(problem: ToyProblem, code: str, result: ExecResult) -> None:
+    if code == problem.code and not (result.ok and result.stdout.strip() == problem.answer):
+        raise RuntimeError(f"the program for {problem.question!r} did not print {problem.answer}: {result}")
+    if code != problem.code and result.status != "error":
+        raise RuntimeError(f"the misspelled program for {problem.question!r} did not fail: {result}")
+
+
+def _messages(problem: ToyProblem, style: str, outputs: dict[str, str]) -> tuple[dict, ...]:
+    """The conversation; ``outputs`` maps each executed program to its rendered result."""
+    def assistant(text):
+        return {"role": "assistant", "content": text}
+
+    def tool(text):
+        return {"role": "tool", "content": text}
+
+    first = "I will run Python.</reason>\n"
+    fixed = "That failed; fixing it.</reason>\n" + chat.format_tool_call(problem.code)
+    answer = f"It printed {problem.answer}.</reason>\n<answer>\\boxed{{{problem.answer}}}</answer>"
+    messages = [{"role": "user", "content": problem.question}]
+    if style == "no_tool":
+        messages.append(assistant(
+            f"I estimate it.</reason>\n<answer>\\boxed{{{problem.estimate}}}</answer>"))
+    elif style == "tool":
+        messages += [assistant(first + chat.format_tool_call(problem.code)),
+                     tool(outputs[problem.code]), assistant(answer)]
+    elif style == "typo":
+        messages += [assistant(first + chat.format_tool_call(_typo(problem.code))),
+                     tool(outputs[_typo(problem.code)]), assistant(fixed),
+                     tool(outputs[problem.code]), assistant(answer)]
+    else:
+        bad_call = first + _malformed_call(problem.code, style)
+        call = chat.parse_tool_call(bad_call)
+        assert call is not None and call.error is not None, bad_call
+        messages += [assistant(bad_call), tool(chat.malformed_call_response(call)), assistant(fixed),
+                     tool(outputs[problem.code]), assistant(answer)]
+    return tuple(messages)
+
+
+def _malformed_call(code: str, style: str) -> str:
+    if style == "wrong_name":
+        return chat.format_tool_call(code, name="python")
+    # bad_json: the closing brace of the call object is missing.
+    good = chat.format_tool_call(code)
+    return good[: -len(chat.TOOL_CALL_END) - 1] + chat.TOOL_CALL_END
+
+
+def corpus(demos: Iterable[Demo], fmt: chat.ChatFormat) -> Iterator[str]:
+    """Texts to train a tokenizer on: each prompt, assistant turn and tool scaffold."""
+    for demo in demos:
+        user, *rest = demo.messages
+        yield fmt.prompt_text(user["content"])
+        for m in rest:
+            yield m["content"] if m["role"] == "assistant" else chat.tool_response_text(m["content"])
+
+
+def save_demos(path: str | os.PathLike, demos: Iterable[Demo]) -> None:
+    """Writes demonstrations as JSONL: ``{"style", "answer", "messages"}`` per line."""
+    with open(path, "w") as f:
+        for d in demos:
+            f.write(json.dumps({"style": d.style, "answer": d.answer, "messages": list(d.messages)}) + "\n")
+
+
+def load_demos(path: str | os.PathLike) -> list[Demo]:
+    """Reads ``save_demos`` output; a malformed line raises ``ValueError`` naming it."""
+    demos = []
+    with open(path) as f:
+        for line_number, line in enumerate(f, start=1):
+            try:
+                row = json.loads(line)
+                demo = Demo(row["style"], row["answer"], tuple(row["messages"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}, line {line_number}: not a demonstration ({e!r})") from None
+            if demo.style not in STYLES:
+                raise ValueError(f"{path}, line {line_number}: unknown style {demo.style!r}")
+            demos.append(demo)
+    return demos

@@ -1,0 +1,161 @@
+"""SFT demonstrations: real sandbox outputs, the rStar2 message format, the style mixture."""
+import collections
+import concurrent.futures
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from rstar2_jax import chat
+from rstar2_jax.data import sft_data
+from rstar2_jax.data.build import ToyDataConfig, build_toy_data
+from rstar2_jax.data.datasets import load_problems
+from rstar2_jax.data.tokenizer import build_tokenizer
+from rstar2_jax.data.toy import TOY_FORMAT, make_splits
+from rstar2_jax.sandbox import ExecResult, SandboxPool, render_result
+
+ALL_STYLES_MIX = sft_data.DemoMix(tool=0.25, first_call_error=0.6, no_tool=0.15)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(num_workers=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return make_splits(40, 0, seed=3)[0]
+
+
+@pytest.fixture(scope="module")
+def demos(pool, problems):
+    return sft_data.make_demos(problems, pool, ALL_STYLES_MIX, seed=1, max_chars=400, show_time=False)
+
+
+class _Answers:
+    """A stand-in executor that knows the toy programs: right ones print the answer, typos fail."""
+
+    def __init__(self, problems, wrong=False):
+        self.by_code = {p.code: p.answer for p in problems}
+        self.wrong = wrong
+        self.calls = 0
+
+    def submit(self, code, stdin=""):
+        self.calls += 1
+        future = concurrent.futures.Future()
+        if code in self.by_code:
+            answer = self.by_code[code] + ("1" if self.wrong else "")
+            future.set_result(ExecResult("ok", stdout=answer + "\n"))
+        else:
+            future.set_result(ExecResult("error", stderr="NameError: name 'pritn' is not defined", exit_code=1))
+        return future
+
+
+def test_every_style_appears_and_conversations_encode(demos):
+    assert {d.style for d in demos} == set(sft_data.STYLES)
+    tokenizer = build_tokenizer(sft_data.corpus(demos, TOY_FORMAT), vocab_size=800)
+    for demo in demos:
+        ids, mask = chat.encode_conversation(tokenizer, demo.messages, TOY_FORMAT)
+        assert 40 <= len(ids) <= 350, (demo.style, len(ids))  # a tokenizer fit on 40 demos
+        assert sum(mask) > 0
+
+
+def test_correct_calls_show_real_sandbox_output(demos, pool):
+    for demo in demos:
+        if demo.style == "no_tool":
+            continue
+        *_, call_turn, tool_turn, answer_turn = demo.messages
+        call = chat.parse_tool_call(call_turn["content"])
+        assert call.error is None
+        expected = render_result(pool.run(call.code, call.stdin), max_chars=400, show_time=False)
+        assert tool_turn["content"] == expected == f"Tool call success\nstdout: {demo.answer}"
+        assert answer_turn["content"].endswith(f"<answer>\\boxed{{{demo.answer}}}</answer>")
+        assert chat.count_answer_blocks(answer_turn["content"]) == 1
+
+
+def test_first_call_errors_are_seen_by_the_model(demos):
+    for demo in demos:
+        if demo.style not in ("typo", "wrong_name", "bad_json"):
+            continue
+        roles = [m["role"] for m in demo.messages]
+        assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        first_call = chat.parse_tool_call(demo.messages[1]["content"])
+        error_text = demo.messages[2]["content"]
+        assert error_text.startswith("Tool call failure\n")
+        if demo.style == "typo":
+            assert first_call.error is None and "pritn" in first_call.code
+            assert "NameError" in error_text and "Traceback" in error_text
+        else:
+            assert first_call.error is not None
+            assert error_text == chat.malformed_call_response(first_call)
+        assert chat.parse_tool_call(demo.messages[3]["content"]).error is None
+
+
+def test_no_tool_demos_answer_the_estimate_at_once(demos, problems):
+    by_answer = {p.answer: p for p in problems}
+    for demo in demos:
+        if demo.style == "no_tool":
+            (_, turn) = demo.messages
+            assert chat.parse_tool_call(turn["content"]) is None
+            estimate = by_answer[demo.answer].estimate
+            assert turn["content"].endswith(f"<answer>\\boxed{{{estimate}}}</answer>")
+
+
+def test_mixture_fractions_are_followed():
+    problems = make_splits(3000, 0, seed=4)[0]
+    demos = sft_data.make_demos(problems, _Answers(problems), sft_data.DemoMix(0.5, 0.3, 0.2), seed=0)
+    counts = collections.Counter(d.style for d in demos)
+    assert abs(counts["tool"] / 3000 - 0.5) < 0.03
+    assert abs(counts["no_tool"] / 3000 - 0.2) < 0.03
+    for style in ("typo", "wrong_name", "bad_json"):
+        assert abs(counts[style] / 3000 - 0.1) < 0.02
+
+
+def test_same_seed_same_demos_and_no_tool_only_runs_nothing():
+    problems = make_splits(50, 0, seed=4)[0]
+    first = sft_data.make_demos(problems, _Answers(problems), ALL_STYLES_MIX, seed=9)
+    assert first == sft_data.make_demos(problems, _Answers(problems), ALL_STYLES_MIX, seed=9)
+    executor = _Answers(problems)
+    demos = sft_data.make_demos(problems, executor, sft_data.DemoMix(0, 0, 1))
+    assert {d.style for d in demos} == {"no_tool"} and executor.calls == 0
+
+
+def test_a_program_that_prints_a_wrong_answer_is_an_error():
+    problems = make_splits(5, 0, seed=4)[0]
+    with pytest.raises(RuntimeError, match="did not print"):
+        sft_data.make_demos(problems, _Answers(problems, wrong=True), sft_data.DemoMix(1, 0, 0))
+
+
+@pytest.mark.parametrize("fractions", [(0.5, 0.5, 0.5), (1.2, -0.1, -0.1)])
+def test_mix_must_be_a_distribution(fractions):
+    with pytest.raises(ValueError, match="sum to 1"):
+        sft_data.DemoMix(*fractions)
+
+
+def test_save_load_round_trip_and_bad_line(tmp_path, demos):
+    sft_data.save_demos(tmp_path / "sft.jsonl", demos)
+    assert sft_data.load_demos(tmp_path / "sft.jsonl") == demos
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"style": "tool", "answer": "1", "messages": []})
+                                        + "\n" + json.dumps({"style": "tool"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl, line 2"):
+        sft_data.load_demos(tmp_path / "bad.jsonl")
+
+
+def test_build_toy_data_directory(tmp_path, pool):
+    config = ToyDataConfig(n_train=30, n_test=10, n_sft=20, vocab_size=800)
+    build_toy_data(tmp_path, config, pool)
+    train, test = load_problems(tmp_path / "train.jsonl"), load_problems(tmp_path / "test.jsonl")
+    assert (len(train), len(test)) == (30, 10)
+    assert not {p.question for p in train} & {p.question for p in test}
+    demos = sft_data.load_demos(tmp_path / "sft.jsonl")
+    assert [d.messages[0]["content"] for d in demos] == [p.question for p in train[:20]]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    for demo in demos:
+        ids, _ = chat.encode_conversation(tokenizer, demo.messages, TOY_FORMAT)
+        assert tokenizer.decode(ids).count(chat.IM_END) == len(demo.messages) + 1
+
+
+def test_n_sft_must_fit_in_train():
+    with pytest.raises(ValueError, match="n_sft"):
+        ToyDataConfig(n_train=10, n_sft=11)
