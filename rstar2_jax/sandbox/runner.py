@@ -35,15 +35,30 @@ _CALL_ENV = {
 }
 
 
-class _TrackingStdout(io.TextIOWrapper):
-    """stdout that remembers whether anything was written (for the trailing-expression rule)."""
+class _TrackingFileIO(io.FileIO):
+    """Raw stdout that remembers whether anything reached it (for the trailing-expression rule).
+
+    Tracking at the raw level also counts ``sys.stdout.buffer.write``; only ``os.write(1, ...)``
+    goes unseen.
+    """
 
     wrote = False
 
-    def write(self, s):
-        if s:
+    def write(self, b):
+        if len(b):
             self.wrote = True
-        return super().write(s)
+        return super().write(b)
+
+
+_stdout_raw: _TrackingFileIO | None = None
+
+
+def _nothing_printed() -> bool:
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # the code closed or broke stdout: nothing more can be shown
+        return False
+    return _stdout_raw is not None and not _stdout_raw.wrote
 
 
 def _reseed_rngs() -> None:
@@ -79,7 +94,7 @@ def run_code(code: str) -> tuple[int, bytes]:
         exec(compile(tree, SOURCE_NAME, "exec"), namespace)
         if last is not None:
             value = eval(compile(last, SOURCE_NAME, "eval"), namespace)
-            if value is not None and not getattr(sys.stdout, "wrote", True):
+            if value is not None and _nothing_printed():
                 print(repr(value))
         return 0, STATUS_OK
     except SystemExit as exc:
@@ -124,8 +139,10 @@ def child_main(code: str, stdin_fd: int, stdout_fd: int, stderr_fd: int, status_
         os.environ.update(_CALL_ENV, HOME=scratch, TMPDIR=scratch)
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                      encoding="utf-8", errors="replace")
-        sys.stdout = _TrackingStdout(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
-                                     encoding="utf-8", errors="backslashreplace", line_buffering=False)
+        global _stdout_raw
+        _stdout_raw = _TrackingFileIO(1, "w", closefd=False)
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(_stdout_raw), encoding="utf-8",
+                                      errors="backslashreplace")
         sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                       encoding="utf-8", errors="backslashreplace", line_buffering=True)
         _reseed_rngs()

@@ -37,6 +37,11 @@ from rstar2_jax.sandbox.config import SandboxConfig
 from rstar2_jax.sandbox.result import ExecResult
 
 _READ_CHUNK = 1 << 16
+_LAUNCHES_PER_TURN = 4
+
+
+def _has_exited(pid: int) -> bool:
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def warm_up() -> None:
@@ -258,14 +263,17 @@ class Template:
 
     def serve(self) -> None:
         while self.running:
-            while self.pending and self.free_slots:
+            # A few launches per turn: forks are slow on a loaded host and calls already running
+            # must have their exits and output handled meanwhile.
+            for _ in range(min(_LAUNCHES_PER_TURN, len(self.pending), len(self.free_slots))):
                 self.launch(self.pending.popleft())
-            now = time.monotonic()
-            for call in list(self.calls.values()):
-                if call.forced is None and now >= call.deadline:
-                    self.kill(call, "timeout")
             deadlines = [c.deadline for c in self.calls.values() if c.forced is None]
-            timeout_ms = max(0, int((min(deadlines) - now) * 1000) + 1) if deadlines else None
+            if self.pending and self.free_slots:
+                timeout_ms = 0
+            elif deadlines:
+                timeout_ms = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+            else:
+                timeout_ms = None
             for fd, _ in self.poller.poll(timeout_ms):
                 if fd == self.conn_in.fileno():
                     self.receive()
@@ -278,6 +286,12 @@ class Template:
                     self.finish(call)
                 else:
                     self.read_stream(call, kind)
+            now = time.monotonic()
+            for call in list(self.calls.values()):
+                # A call that exited before its deadline is finished on its pidfd event, not
+                # killed: however late we look, it did not time out.
+                if call.forced is None and now >= call.deadline and not _has_exited(call.pid):
+                    self.kill(call, "timeout")
         for call in list(self.calls.values()):
             os.kill(call.pid, signal.SIGKILL)
             self.sweep(call)
