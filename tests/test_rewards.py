@@ -18,10 +18,8 @@ from rstar2_jax.rewards import extract_answer, is_equivalent, score
 from rstar2_jax.rewards.exact import NotExact, parse_exact
 from rstar2_jax.rewards.normalize import normalize_answer
 
-CORPUS = [
-    json.loads(line)
-    for line in (pathlib.Path(__file__).parent / "data" / "verifier_corpus.jsonl").read_text().splitlines()
-]
+CORPUS_PATH = pathlib.Path(__file__).parent / "data" / "verifier_corpus.jsonl"
+CORPUS = [json.loads(line) for line in CORPUS_PATH.read_text().splitlines()]
 
 
 def test_corpus_is_large_and_balanced():
@@ -31,7 +29,7 @@ def test_corpus_is_large_and_balanced():
     assert all(case["why"] for case in CORPUS)
 
 
-@pytest.mark.parametrize("case", CORPUS, ids=[f"{i}-{case['why'][:40]}" for i, case in enumerate(CORPUS)])
+@pytest.mark.parametrize("case", CORPUS, ids=[f"{i}-{c['why'][:40]}" for i, c in enumerate(CORPUS)])
 def test_corpus_case(case):
     assert score(case["response"], case["gold"]) == case["expected"]
 
@@ -91,7 +89,9 @@ def test_huge_values_are_refused_not_computed(text):
     assert time.perf_counter() - start < 1.0
 
 
-@pytest.mark.parametrize("text", ["x+1", "\\sin{1}", "2^10", "1/0", "\\infty-\\infty", "(1,2", "2.5.3", "\\pm1\\pm2"])
+@pytest.mark.parametrize(
+    "text", ["x+1", "\\sin{1}", "2^10", "1/0", "\\infty-\\infty", "(1,2", "2.5.3", "\\pm1\\pm2"]
+)
 def test_non_numeric_or_malformed_is_not_exact(text):
     with pytest.raises(NotExact):
         parse_exact(text)
@@ -107,12 +107,17 @@ integers = st.integers(min_value=-(10**30), max_value=10**30)
 def test_integers_equal_exactly(a, b):
     assert is_equivalent(str(a), str(b)) == (a == b)
     assert is_equivalent(f"{a:,}", str(b)) == (a == b)
+    assert is_equivalent(f"{a:,}", str(a))
+
+
+numerators, denominators = st.integers(-1000, 1000), st.integers(1, 1000)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(-1000, 1000), st.integers(1, 1000), st.integers(-1000, 1000), st.integers(1, 1000))
-def test_fractions_compare_by_value(p, q, r, s):
+@given(numerators, denominators, numerators, denominators, st.integers(1, 50))
+def test_fractions_compare_by_value(p, q, r, s, k):
     assert is_equivalent(f"\\frac{{{p}}}{{{q}}}", f"{r}/{s}") == (Fraction(p, q) == Fraction(r, s))
+    assert is_equivalent(f"\\frac{{{k * p}}}{{{k * q}}}", f"{p}/{q}")  # unreduced is fine
 
 
 @settings(max_examples=40, deadline=None)

@@ -19,17 +19,22 @@ from rstar2_jax.rewards import VerifierPool, score
 TIMEOUT_S = 2.0
 # math-verify issue #65: sympy evaluates 5^(5^3125) in C and no in-process timeout stops it.
 HANGING = ("<answer>\\boxed{5^{5^{5^{5}}}}</answer>", "5")
-CORPUS = [
-    json.loads(line)
-    for line in (pathlib.Path(__file__).parent / "data" / "verifier_corpus.jsonl").read_text().splitlines()
-]
+CORPUS_PATH = pathlib.Path(__file__).parent / "data" / "verifier_corpus.jsonl"
+CORPUS = [json.loads(line) for line in CORPUS_PATH.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
-def pool():
+def pool_and_others():
+    """The shared pool, and the pids of processes that were already children before it."""
     jnp.arange(4).sum().block_until_ready()  # JAX's runtime threads are up before the pool
+    others = {child.pid for child in multiprocess.active_children()}
     with VerifierPool(num_workers=2, timeout_s=TIMEOUT_S) as pool:
-        yield pool
+        yield pool, others
+
+
+@pytest.fixture
+def pool(pool_and_others):
+    return pool_and_others[0]
 
 
 def _wait_until(predicate, timeout_s: float) -> bool:
@@ -82,10 +87,11 @@ def test_response_without_boxed_answer_scores_zero_without_a_worker(pool):
     assert after.no_answer == before.no_answer + 1 and after.verified == before.verified
 
 
-def test_worker_killed_while_idle_is_replaced_before_it_loses_a_call(pool):
+def test_worker_killed_while_idle_is_replaced_before_it_loses_a_call(pool_and_others):
+    pool, others = pool_and_others
     before = pool.stats()
-    victims = multiprocess.active_children()
-    assert len(victims) == 2  # the fixture's workers
+    victims = [child for child in multiprocess.active_children() if child.pid not in others]
+    assert len(victims) == 2
     os.kill(victims[0].pid, signal.SIGKILL)
     assert _wait_until(lambda: not victims[0].is_alive(), timeout_s=10)
     calls = [(f"\\boxed{{{n}}}", str(n)) for n in range(2000, 2006)]

@@ -33,15 +33,18 @@ REASONING = (
 
 def _problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
     """(gold, equivalent rewrites, wrong answers) for one random problem."""
-    kind = rng.choices(["integer", "fraction", "radical", "interval", "expression"], [50, 20, 10, 10, 10])[0]
+    kinds = {"integer": 50, "fraction": 20, "radical": 10, "interval": 10, "expression": 10}
+    kind = rng.choices(list(kinds), list(kinds.values()))[0]
     if kind == "integer":
         n = rng.randint(1, 99_999)
-        return str(n), [str(n), f"{n:,}", f"{n}.0", f"\\text{{{n}}}"], [str(n + 1), str(n - 1), str(-n), str(2 * n)]
+        right = [str(n), f"{n:,}", f"{n}.0", f"\\text{{{n}}}"]
+        return str(n), right, [str(n + 1), str(n - 1), str(-n), str(2 * n)]
     if kind == "fraction":
         p, q = rng.randint(1, 50), rng.randint(51, 99)
         return (
             f"\\frac{{{p}}}{{{q}}}",
-            [f"\\frac{{{p}}}{{{q}}}", f"\\dfrac{{{p}}}{{{q}}}", f"{p}/{q}", f"\\frac{{{2 * p}}}{{{2 * q}}}"],
+            [f"\\frac{{{p}}}{{{q}}}", f"\\dfrac{{{p}}}{{{q}}}", f"{p}/{q}"]
+            + [f"\\frac{{{2 * p}}}{{{2 * q}}}"],
             [f"\\frac{{{q}}}{{{p}}}", f"\\frac{{{p + 1}}}{{{q}}}", f"{p / q:.4f}"],
         )
     if kind == "radical":
@@ -66,7 +69,9 @@ def _problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
     )
 
 
-def make_batch(problems: int, rollouts: int, seed: int) -> tuple[list[tuple[str, str]], list[float]]:
+def make_batch(
+    problems: int, rollouts: int, seed: int
+) -> tuple[list[tuple[str, str]], list[float]]:
     """`problems * rollouts` (response, gold) pairs, each group drawing from ~7 candidate
     answers, and the reward each should get by construction."""
     rng = random.Random(seed)
@@ -81,14 +86,17 @@ def make_batch(problems: int, rollouts: int, seed: int) -> tuple[list[tuple[str,
                 continue
             correct = rng.random() < p_correct
             candidates = right if correct else wrong
-            answer = candidates[min(int(rng.expovariate(1.0)), len(candidates) - 1)]  # a few dominate
-            batch.append((REASONING + f"<answer>The answer is $\\boxed{{{answer}}}$.</answer>", gold))
+            # Exponential ranks: a few answers dominate each group.
+            answer = candidates[min(int(rng.expovariate(1.0)), len(candidates) - 1)]
+            final = f"<answer>The answer is $\\boxed{{{answer}}}$.</answer>"
+            batch.append((REASONING + final, gold))
             labels.append(float(correct))
     return batch, labels
 
 
 def _report(label: str, count: int, seconds: float, extra: str = "") -> None:
-    print(f"{label:<34} {count:>6} scores in {seconds:7.3f} s = {count / seconds:9.1f} scores/s  {extra}")
+    rate = count / seconds
+    print(f"{label:<34} {count:>6} scores in {seconds:7.3f} s = {rate:9.1f} scores/s  {extra}")
 
 
 def main() -> None:
@@ -116,15 +124,18 @@ def main() -> None:
         stats = pool.stats()
         _report(
             "cold batch (GRPO, answers repeat)", len(batch), cold_s,
-            f"[{stats.verified} verified, {stats.cache_hits} cache hits, {stats.no_answer} unboxed, "
+            f"[{stats.verified} verified, {stats.cache_hits} cache hits, "
+            f"{stats.no_answer} unboxed, "
             f"{stats.timeouts} timeouts; mean reward {statistics.fmean(cold):.3f}]",
         )
         start = time.perf_counter()
         warm = pool.score_batch(batch)
         _report("warm batch (all cached)", len(batch), time.perf_counter() - start)
         assert warm == cold
-        wrong = [(pair[0][-60:], pair[1]) for pair, got, want in zip(batch, cold, labels) if got != want]
-        print(f"rewards agreeing with the generator's labels: {len(batch) - len(wrong)}/{len(batch)} {wrong[:5]}")
+        pairs = zip(batch, cold, labels)
+        wrong = [(text[-60:], gold) for (text, gold), got, want in pairs if got != want]
+        agree = len(batch) - len(wrong)
+        print(f"rewards agreeing with the generator's labels: {agree}/{len(batch)} {wrong[:5]}")
 
     # Worst case: no repeats at all (fresh pool, so nothing is cached).
     unique, _ = make_batch(len(batch), 1, args.seed + 1)

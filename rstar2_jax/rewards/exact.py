@@ -191,7 +191,8 @@ class _Parser:
         # Not a number: `2.5.3` tokenizes as 2.5 then .3, which is a typo, not a product.
         return token in _ATOM_COMMANDS or token in ("(", "{")
 
-    # atom := number | "(" sum ")" | "{" sum "}" | \frac{}{} | \sqrt[n]{} | \binom{}{} | \pi | \infty
+    # atom := number | "(" sum ")" | "{" sum "}" | \frac{}{} | \sqrt[n]{} | \binom{}{}
+    #         | \pi | \infty
     def atom(self) -> sympy.Expr:
         token = self.peek()
         if token is None:

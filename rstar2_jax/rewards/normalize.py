@@ -17,7 +17,9 @@ _NOISE = re.compile(
     r"|\\[,;:! ]|~|\\?\$|\\\(|\\\)|\\\[|\\\]|\*\*"
 )
 # Wrappers whose argument is kept as plain content.
-_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{")
+_WRAPPER = re.compile(
+    r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{"
+)
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 _PERCENT = re.compile(r"\\?%")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")

@@ -71,7 +71,8 @@ class _Worker:
         self.process.start()
         child_end.close()
         try:
-            ready = self.connection.poll(_STARTUP_TIMEOUT_S) and self.connection.recv_bytes() == _READY
+            ready = self.connection.poll(_STARTUP_TIMEOUT_S)
+            ready = ready and self.connection.recv_bytes() == _READY
         except EOFError:
             ready = False
         if not ready:
@@ -131,13 +132,17 @@ class VerifierPool:
 
     A call taking longer than `timeout_s` seconds of wall time in its worker scores 0.0 (that
     worker is killed and replaced). The scoring rule is `rstar2_jax.rewards.score`'s.
-    Thread-safe; `cache_size` bounds the (answer, gold) -> reward memo (LRU).
+    `num_workers` defaults to min(4, CPUs). Thread-safe; `cache_size` bounds the
+    (answer, gold) -> reward memo (LRU). A call whose worker could not be started gets that
+    error as its future's exception; every submitted call gets exactly one outcome.
 
     Workers are spawned, so they re-import the main module: a script that creates a pool needs
     the usual `if __name__ == "__main__":` guard (notebooks and pytest need nothing).
     """
 
-    def __init__(self, num_workers: int | None = None, timeout_s: float = 4.0, cache_size: int = 1 << 16):
+    def __init__(
+        self, num_workers: int | None = None, timeout_s: float = 4.0, cache_size: int = 1 << 16
+    ):
         if num_workers is None:
             num_workers = min(4, os.cpu_count() or 1)
         if num_workers < 1 or timeout_s <= 0 or cache_size < 0:
@@ -202,7 +207,8 @@ class VerifierPool:
 
     def stats(self) -> VerifierStats:
         with self._lock:
-            return VerifierStats(**{field.name: self._counts[field.name] for field in dataclasses.fields(VerifierStats)})
+            names = [field.name for field in dataclasses.fields(VerifierStats)]
+            return VerifierStats(**{name: self._counts[name] for name in names})
 
     def close(self) -> None:
         """Finish the calls already submitted, then stop the workers."""
@@ -229,18 +235,17 @@ class VerifierPool:
         while (job := self._jobs.get()) is not None:
             key, future = job
             try:
-                worker = self._worker(slot)
-            except RuntimeError as error:
+                reward = self._verify(slot, self._worker(slot), *key)
+            except Exception as error:  # e.g. no replacement worker: the caller must hear of it
                 self._finish(key, future, error=error)
                 continue
-            reward = self._verify(slot, worker, *key)
             self._finish(key, future, reward=reward)
             if self._workers[slot] is None and not self._closed:
                 # Respawn now, after delivering the result, so the next job does not wait;
                 # a failure here is retried (and reported) by the next job.
                 try:
                     self._worker(slot)
-                except RuntimeError:
+                except Exception:
                     logger.exception("could not replace verifier worker %d", slot)
 
     def _worker(self, slot: int) -> _Worker:
@@ -264,7 +269,9 @@ class VerifierPool:
             return 0.0
         if "error" in reply:
             self._count("errors")
-            logger.warning("verifier error on %r vs %r: %s; scored 0", pred[:80], gold[:80], reply["error"])
+            logger.warning(
+                "verifier error on %r vs %r: %s; scored 0", pred[:80], gold[:80], reply["error"]
+            )
             return 0.0
         return float(reply["equal"])
 
@@ -272,7 +279,7 @@ class VerifierPool:
         with self._lock:
             self._counts[name] += 1
 
-    def _finish(self, key, future, reward: float | None = None, error: Exception | None = None) -> None:
+    def _finish(self, key, future, reward: float | None = None, error: Exception | None = None):
         with self._lock:
             del self._in_flight[key]
             if reward is not None and self._cache_size:
