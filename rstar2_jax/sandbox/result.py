@@ -90,10 +90,15 @@ def truncate_middle(text: str, max_chars: int) -> str:
     """Keep the head and tail of ``text`` so that the result is at most ``max_chars`` long."""
     if len(text) <= max_chars:
         return text
-    marker = f"\n...({len(text) - max_chars} chars truncated)...\n"
-    # The marker's own length grows the cut; recompute once with the real cut length.
-    cut = len(text) - max_chars + len(marker)
-    marker = f"\n...({cut} chars truncated)...\n"
+    # The marker's length depends on the count it reports: grow the cut until they agree (the
+    # count only grows, so this stops after a step or two).
+    cut = len(text) - max_chars
+    while True:
+        marker = f"\n...({cut} chars truncated)...\n"
+        needed = len(text) - max_chars + len(marker)
+        if needed == cut:
+            break
+        cut = needed
     keep = max_chars - len(marker)
     if keep < 2:
         raise ValueError(f"max_chars={max_chars} is too small to hold the truncation marker")

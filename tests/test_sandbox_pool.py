@@ -1,0 +1,206 @@
+"""SandboxPool API, tool semantics, rendering, self-healing and the weaker isolation levels."""
+import os
+import signal
+import time
+
+import pytest
+
+from rstar2_jax.sandbox import ExecResult, Executor, SandboxConfig, SandboxPool, render_result
+from rstar2_jax.sandbox.result import truncate_middle
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(num_workers=2, timeout_s=2.0) as p:
+        yield p
+
+
+# -- tool semantics ----------------------------------------------------------------------------
+@pytest.mark.parametrize("code, stdout", [
+    ("x = 6\nx * 7", "42\n"),                         # trailing expression: its repr
+    ("'a' + 'b'", "'ab'\n"),                          # repr, not str
+    ("print('shown')\n1 + 1", "shown\n"),             # something printed: no repr
+    ("None", ""),                                     # None is not shown
+    ("import fractions\nfractions.Fraction(1, 3) + fractions.Fraction(1, 6)", "Fraction(1, 2)\n"),
+    ("def f():\n    return 3\nf()", "3\n"),
+    ("for i in range(2):\n    i", ""),                # last statement is a loop, not an expression
+    ("x = 1", ""),
+])
+def test_trailing_expression_rule(pool, code, stdout):
+    result = pool.run(code)
+    assert result.status == "ok", result
+    assert result.stdout == stdout
+
+
+def test_traceback_points_at_user_code_only(pool):
+    result = pool.run("a = 1\nb = 0\nprint(a / b)")
+    assert result.status == "error" and result.exit_code == 1
+    assert 'File "<tool_code>", line 3, in <module>' in result.stderr
+    assert "print(a / b)" in result.stderr and "ZeroDivisionError: division by zero" in result.stderr
+    assert "runner.py" not in result.stderr
+
+
+def test_calls_do_not_share_state(pool):
+    first = pool.run("open('secret.txt', 'w').write('x')\nimport os\nos.environ['LEAK'] = '1'\nprint(os.listdir('.'))")
+    assert first.stdout == "['secret.txt']\n"
+    second = pool.run("import os\nprint(os.listdir('.'), os.environ.get('LEAK'))")
+    assert second.stdout == "[] None\n"
+
+
+def test_rngs_are_reseeded_per_call(pool):
+    code = "import random, numpy, sympy\nprint(random.random(), numpy.random.rand(), sympy.randprime(10**8, 10**9))"
+    outputs = [r.stdout for r in pool.run_batch([code] * 6)]
+    assert all(r for r in outputs)
+    assert len(set(outputs)) == 6
+
+
+def test_math_modules_are_usable(pool):
+    code = ("import numpy as np, sympy as sp, math, itertools\n"
+            "x = sp.Symbol('x')\n"
+            "print(sp.solve(x**2 - 5*x + 6, x), int(round(np.linalg.det(np.array([[2., 1.], [1., 3.]])))),\n"
+            "      math.comb(10, 3), len(list(itertools.permutations(range(4)))))")
+    result = pool.run(code)
+    assert result.status == "ok", result
+    assert result.stdout == "[2, 3] 5 120 24\n"
+
+
+def test_no_network_and_unprivileged(pool):
+    result = pool.run("import os, socket\nprint(os.getuid() != 0, os.getpid())\n"
+                      "print(sorted(n for _, n in socket.if_nameindex()))")
+    lo, ifaces = result.stdout.splitlines()
+    assert lo == "True 1"  # not root; PID 1 of its own namespace
+    assert ifaces == "['lo']"
+
+
+# -- API ---------------------------------------------------------------------------------------
+def test_run_batch_keeps_submission_order_and_accepts_stdin_pairs(pool):
+    calls = [f"import time\ntime.sleep({0.3 - 0.01 * i})\nprint({i})" for i in range(10)]
+    calls += [("print(input()[::-1])", "abc\n")]
+    results = pool.run_batch(calls)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(10)] + ["cba\n"]
+
+
+@pytest.mark.parametrize("bad", [("code",), ("code", 3), ["code", ""], 42, ("a", "b", "c")])
+def test_run_batch_rejects_malformed_calls(pool, bad):
+    with pytest.raises(TypeError):
+        pool.run_batch([bad])
+
+
+def test_submit_returns_future_that_overlaps(pool):
+    start = time.monotonic()
+    futures = [pool.submit("import time\ntime.sleep(0.5)\n'done'") for _ in range(4)]
+    assert not any(f.done() for f in futures)  # submit does not wait for the call
+    results = [f.result(timeout=30) for f in futures]
+    assert [r.stdout for r in results] == ["'done'\n"] * 4
+    assert time.monotonic() - start < 1.9  # they ran concurrently, not 4 x 0.5 s in a row
+
+
+def test_pool_is_an_executor_and_reports_counters(pool):
+    assert isinstance(pool, Executor)
+    before = pool.stats()
+    pool.run_batch(["1", "raise ValueError", "import time\ntime.sleep(10)"])
+    after = pool.stats()
+    assert after["calls"] - before["calls"] == 3 and after["completed"] - before["completed"] == 3
+    for status in ("ok", "error", "timeout"):
+        assert after[status] - before[status] == 1
+    assert after["queue_wait_max_s"] >= after["queue_wait_p99_s"] >= after["queue_wait_p50_s"] >= 0
+    health = pool.health()
+    assert health["healthy"] and health["live_workers"] == 2 and health["in_flight"] == 0
+
+
+def test_dead_template_fails_its_calls_and_is_replaced():
+    with SandboxPool(num_workers=1, timeout_s=5.0) as pool:
+        victim = pool.health()["template_pids"][0]
+        futures = [pool.submit("import time\ntime.sleep(3)") for _ in range(3)]
+        time.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        results = [f.result(timeout=60) for f in futures]
+        assert [r.status for r in results] == ["sandbox_error"] * 3
+        assert all("died" in r.detail for r in results)
+        assert pool.run("print('back')").stdout == "back\n"  # queued until the replacement is up
+        health = pool.health()
+        assert health["healthy"] and health["template_pids"] != [victim]
+        assert pool.stats()["respawns"] == 1
+
+
+def test_close_resolves_unfinished_calls_and_refuses_new_ones():
+    pool = SandboxPool(num_workers=1, timeout_s=5.0, slots_per_worker=1)
+    futures = [pool.submit("import time\ntime.sleep(5)") for _ in range(3)]
+    time.sleep(0.3)
+    pool.close()
+    results = [f.result(timeout=30) for f in futures]
+    assert [r.status for r in results] == ["sandbox_error"] * 3
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit("1")
+
+
+# -- weaker isolation levels (forced) -----------------------------------------------------------
+@pytest.mark.parametrize("level", ["uid", "none"])
+def test_fallback_levels_contain_escapees_and_time_out(level):
+    escapee = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)\n"
+               "print(os.getpid())")
+    with SandboxPool(num_workers=1, timeout_s=1.0, isolation=level) as pool:
+        assert pool.health()["isolation"] == level
+        results = pool.run_batch([escapee, "while True: pass", "print(7 * 6)"])
+        assert [r.status for r in results] == ["ok", "timeout", "ok"]
+        assert results[2].stdout == "42\n"
+        time.sleep(0.2)
+        template = pool.health()["template_pids"][0]
+        with open(f"/proc/{template}/task/{template}/children") as f:
+            assert f.read().split() == []  # the setsid grandchild did not survive its call
+        if level == "uid":
+            assert pool.run("import os\nprint(os.getuid())").stdout != "0\n"
+
+
+# -- rendering ---------------------------------------------------------------------------------
+def test_render_success_format():
+    r = ExecResult(status="ok", stdout="42\n", wall_s=0.123)
+    assert render_result(r) == "Tool call success\nstdout: 42\nexecution time: 0.12s"
+    assert render_result(r, show_time=False) == "Tool call success\nstdout: 42"
+
+
+def test_render_failure_formats():
+    tb = "Traceback (most recent call last):\nValueError: x\n"
+    assert render_result(ExecResult(status="error", stderr=tb, exit_code=1, wall_s=0.05)) == (
+        "Tool call failure\nstderr: Traceback (most recent call last):\nValueError: x\nexecution time: 0.05s")
+    timeout = ExecResult(status="timeout", stdout="partial\n", wall_s=4.0, detail="exceeded the 4 s wall-clock limit")
+    assert render_result(timeout) == ("Tool call failure\nreason: timeout (exceeded the 4 s wall-clock limit)\n"
+                                      "stdout: partial\nexecution time: 4.00s")
+    segv = ExecResult(status="killed", signal=11, wall_s=0.01)
+    assert render_result(segv, show_time=False) == "Tool call failure\nreason: killed by signal SIGSEGV"
+    exit3 = ExecResult(status="error", exit_code=3, wall_s=0.01)
+    assert render_result(exit3, show_time=False) == "Tool call failure\nreason: exit code 3"
+
+
+def test_render_truncates_middle_keeping_first_and_last_lines():
+    r = ExecResult(status="ok", stdout="".join(f"line {i}\n" for i in range(1000)), wall_s=1.5)
+    text = render_result(r, max_chars=300)
+    assert len(text) == 300
+    assert text.startswith("Tool call success\nstdout: line 0\n")
+    assert text.endswith("line 999\nexecution time: 1.50s")
+    assert "chars truncated)..." in text
+
+
+@pytest.mark.parametrize("n, max_chars", [(10, 10), (1000, 100), (5000, 64), (101, 100)])
+def test_truncate_middle_bounds(n, max_chars):
+    text = "".join(chr(97 + i % 26) for i in range(n))
+    out = truncate_middle(text, max_chars)
+    assert len(out) <= max_chars
+    if n <= max_chars:
+        assert out == text
+    else:
+        head = out.split("\n...(")[0]
+        tail = out.split(")...\n")[-1]
+        assert text.startswith(head) and text.endswith(tail)
+        assert int(out.split("\n...(")[1].split(" ")[0]) == n - len(head) - len(tail)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="status"):
+        ExecResult(status="fine")
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="isolation"):
+        SandboxConfig(isolation="docker")
+    with pytest.raises(ValueError, match="too small"):
+        truncate_middle("x" * 100, 5)
