@@ -9,7 +9,7 @@ unordered), tuples and intervals `(a, b]` (ordered, brackets significant). Anyth
 math-verify.
 
 Values are sympy expressions evaluated exactly. Results that would be astronomically large
-(a power tower, `10000!!`) are refused instead of computed: building them is exactly the
+(a power tower, `(10^{10})!`) are refused instead of computed: building them is exactly the
 C-level big-integer work that cannot be interrupted.
 """
 
@@ -37,7 +37,11 @@ class NotExact(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ExactAnswer:
     """A parsed answer: `values` in written order; `brackets` is `""` for an unordered answer
-    (a scalar, a set or a bare list) or the bracket pair of a tuple/interval, e.g. `"(]"`."""
+    (a scalar, a set or a bare list) or the bracket pair of a tuple/interval, e.g. `"(]"`.
+
+    A scalar is read as the one-element set of itself, so `\\{5\\}` answers `5`, while
+    `\\pm 5` (the set {5, -5}) does not.
+    """
 
     values: tuple[sympy.Expr, ...]
     brackets: str
@@ -79,7 +83,7 @@ def _tokenize(text: str) -> list[str]:
     return tokens
 
 
-def _check_size(value: sympy.Expr) -> sympy.Expr:
+def _defined(value: sympy.Expr) -> sympy.Expr:
     if value.has(sympy.nan, sympy.zoo):
         raise NotExact("undefined value (division by zero?)")
     return value
@@ -96,7 +100,7 @@ def _power(base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
         base_bits = _bits(base) if base.is_Rational else 1
         if abs(exponent.p) * base_bits > _MAX_BITS:
             raise NotExact("power too large to evaluate")
-    return _check_size(sympy.Pow(base, exponent))
+    return _defined(sympy.Pow(base, exponent))
 
 
 class _Parser:
@@ -125,7 +129,7 @@ class _Parser:
         while self.peek() in ("+", "-"):
             sign = 1 if self.take() == "+" else -1
             value = value + sign * self.product()
-        return _check_size(value)
+        return _defined(value)
 
     # product := unary (("*" | "/" | "\cdot" | "\times" | "\div")? unary)*
     def product(self) -> sympy.Expr:
@@ -141,7 +145,7 @@ class _Parser:
             elif self._starts_atom(token):
                 value = value * self.power()  # implicit: `2\sqrt{3}`, `3\pi`, `2(5)`
             else:
-                return _check_size(value)
+                return _defined(value)
 
     # unary := ("+" | "-") unary | power
     def unary(self) -> sympy.Expr:
@@ -207,7 +211,7 @@ class _Parser:
         if token == "\\frac":
             self.take()
             numerator = self.group("{", "}")
-            return _check_size(numerator / self.group("{", "}"))
+            return _defined(numerator / self.group("{", "}"))
         if token == "\\sqrt":
             self.take()
             degree = sympy.Integer(2)
