@@ -25,8 +25,12 @@ parallelism can split them by name.
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rstar2_jax.model.config import ModelConfig
 
@@ -59,19 +63,22 @@ def param_shapes(config: ModelConfig) -> dict:
     return shapes
 
 
+@functools.partial(jax.jit, static_argnames="config")
 def init_params(config: ModelConfig, key: jax.Array) -> dict:
     """Random params: normal(0, 0.02) weights, unit norm scales, zero biases."""
     path_shapes, treedef = jax.tree_util.tree_flatten_with_path(
         param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(key, len(path_shapes))
-    leaves = [_init_leaf(path[-1].key, shape, k, config.jnp_dtype)
-              for (path, shape), k in zip(path_shapes, keys)]
+    sizes = [math.prod(shape) for _, shape in path_shapes]
+    # One draw sliced into leaves: a random op per leaf would compile one PRNG kernel per leaf.
+    noise = jnp.split(jax.random.normal(key, (sum(sizes),), jnp.float32), np.cumsum(sizes)[:-1])
+    leaves = [_init_leaf(path[-1].key, shape, z, config.jnp_dtype)
+              for (path, shape), z in zip(path_shapes, noise)]
     return jax.tree.unflatten(treedef, leaves)
 
 
-def _init_leaf(name: str, shape: tuple[int, ...], key: jax.Array, dtype) -> jax.Array:
+def _init_leaf(name: str, shape: tuple[int, ...], noise: jax.Array, dtype) -> jax.Array:
     if name.endswith("norm"):
         return jnp.ones(shape, dtype)
     if name.endswith("bias"):
         return jnp.zeros(shape, dtype)
-    return (_INIT_STD * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    return (_INIT_STD * noise).reshape(shape).astype(dtype)

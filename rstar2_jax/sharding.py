@@ -1,0 +1,115 @@
+"""Device mesh and partition specs: FSDP over the `fsdp` axis, Megatron tensor parallelism over `tp`.
+
+Every param is split on one axis by `fsdp` (parameter/optimizer-state memory scales down with the
+data-parallel width; XLA all-gathers a layer's weights when it runs) and, where it has heads or
+an MLP/vocab dimension, on another by `tp`:
+
+    q, k, v, gate, up   column-parallel: heads / intermediate over tp, hidden over fsdp
+    o, down             row-parallel: heads / intermediate over tp, hidden over fsdp
+    embed, lm_head      vocab over tp, hidden over fsdp
+    norms               replicated (tiny)
+
+Data is split over `fsdp` on the batch axis. A dimension that the axis size does not divide is
+replicated instead (e.g. 2 kv heads on tp=4), so any config runs on any mesh, a 1-device mesh
+included; only the batch must be divisible by the fsdp size.
+"""
+from __future__ import annotations
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from rstar2_jax.model import KVCache, ModelConfig, forward, param_shapes
+
+FSDP = "fsdp"
+TP = "tp"
+
+# Axes of each param without the leading layer axis of stacked layer params (see model/params.py).
+_PARAM_AXES = {
+    "embed": (TP, FSDP),
+    "final_norm": (None,),
+    "lm_head": (FSDP, TP),
+    "attn_norm": (None,),
+    "mlp_norm": (None,),
+    "q": (FSDP, TP, None),
+    "k": (FSDP, TP, None),
+    "v": (FSDP, TP, None),
+    "q_bias": (TP, None),
+    "k_bias": (TP, None),
+    "v_bias": (TP, None),
+    "q_norm": (None,),
+    "k_norm": (None,),
+    "o": (TP, None, FSDP),
+    "gate": (FSDP, TP),
+    "up": (FSDP, TP),
+    "down": (TP, FSDP),
+}
+
+
+def make_mesh(fsdp: int | None = None, tp: int = 1, devices=None) -> Mesh:
+    """A (fsdp, tp) mesh over `devices` (default: all). fsdp=None uses all devices left after tp."""
+    devices = list(jax.devices() if devices is None else devices)
+    if fsdp is None:
+        if len(devices) % tp:
+            raise ValueError(f"tp={tp} does not divide the {len(devices)} devices")
+        fsdp = len(devices) // tp
+    if fsdp < 1 or tp < 1 or fsdp * tp > len(devices):
+        raise ValueError(f"a mesh of fsdp={fsdp} x tp={tp} needs {fsdp * tp} devices; "
+                         f"{len(devices)} available")
+    # Auto axes: shardings propagate through the model's einsums without annotations in it.
+    return jax.make_mesh((fsdp, tp), (FSDP, TP), axis_types=(AxisType.Auto, AxisType.Auto),
+                         devices=devices[:fsdp * tp])
+
+
+def _fit(axes: tuple, shape: tuple[int, ...], mesh: Mesh | None) -> P:
+    """The spec `axes`, with every mesh axis that does not divide its dimension dropped."""
+    if mesh is None:
+        return P(*axes)
+    return P(*(a if a is None or dim % mesh.shape[a] == 0 else None for a, dim in zip(axes, shape)))
+
+
+def param_specs(config: ModelConfig, mesh: Mesh | None = None) -> dict:
+    """PartitionSpecs with the structure of the params. With `mesh`, non-divisible dims replicate."""
+    shapes = param_shapes(config)
+    specs = {k: _fit(_PARAM_AXES[k], s, mesh) for k, s in shapes.items() if k != "layers"}
+    specs["layers"] = {k: _fit((None, *_PARAM_AXES[k]), s, mesh) for k, s in shapes["layers"].items()}
+    return specs
+
+
+def named_shardings(mesh: Mesh, specs):
+    """Maps a pytree of PartitionSpecs to NamedShardings on `mesh`."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_params(params: dict, config: ModelConfig, mesh: Mesh) -> dict:
+    """Places params on `mesh` as `param_specs` says."""
+    return jax.device_put(params, named_shardings(mesh, param_specs(config, mesh)))
+
+
+def batch_spec() -> P:
+    """Spec of per-example data ([batch, ...] tokens, masks, advantages): batch over fsdp."""
+    return P(FSDP)
+
+
+def cache_specs(config: ModelConfig, mesh: Mesh, batch: int) -> KVCache:
+    """Specs of a `KVCache` of `batch` rows: rows over fsdp, kv heads over tp (where divisible)."""
+    rows = _fit((FSDP,), (batch,), mesh)
+    kv_heads = _fit((TP,), (config.num_kv_heads,), mesh)
+    kv = P(None, *rows, None, *kv_heads, None)
+    return KVCache(k=kv, v=kv, lengths=rows)
+
+
+def sharded_forward(config: ModelConfig, mesh: Mesh):
+    """`forward` jitted for `mesh`: (params, tokens [B, T], attention_mask [B, T]) -> logits [B, T, V].
+
+    Params are expected (and kept) as `param_specs`; tokens and mask split over fsdp on the
+    batch axis; logits come out with batch over fsdp and vocab over tp.
+    """
+    data = NamedSharding(mesh, batch_spec())
+    vocab = _fit((TP,), (config.vocab_size,), mesh)
+    logits = NamedSharding(mesh, P(FSDP, None, *vocab))
+
+    def run(params, tokens, attention_mask):
+        return forward(params, config, tokens, attention_mask)
+
+    return jax.jit(run, in_shardings=(named_shardings(mesh, param_specs(config, mesh)), data, data),
+                   out_shardings=logits)

@@ -1,0 +1,105 @@
+"""KV-cache decoding reproduces the full causal forward at every position."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar2_jax.model import (ModelConfig, copy_cache_rows, forward, forward_cached, init_cache,
+                              init_params)
+
+TOL = 1e-4
+
+
+def random_model(model_type: str, dtype: str = "float32"):
+    """A tiny model with random params; Qwen2 with q/k/v biases, Qwen3 with q/k norms."""
+    config = ModelConfig(model_type=model_type, vocab_size=96, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10_000.0,
+                         attention_bias=model_type == "qwen2", qk_norm=model_type == "qwen3",
+                         dtype=dtype)
+    return config, perturbed(init_params(config, jax.random.key(0)), seed=1)
+
+
+def perturbed(params, seed):
+    """Adds noise to every leaf (norm scales and biases too) so none is an identity by accident."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda x: x + jnp.asarray(0.1 * rng.standard_normal(x.shape), x.dtype), params)
+
+
+class _Recorder:
+    """Runs forward_cached and files each real token's logits under its absolute position."""
+
+    def __init__(self, config, params, batch, max_len, seq):
+        self.config, self.params = config, params
+        self.cache = init_cache(config, batch, max_len)
+        self.logits = np.full((batch, seq, config.vocab_size), np.nan, np.float32)
+
+    def step(self, tokens, num_new):
+        before = self.cache
+        logits, self.cache = forward_cached(self.params, self.config, jnp.asarray(tokens), before,
+                                            jnp.asarray(num_new, jnp.int32))
+        lengths, logits = np.asarray(before.lengths), np.asarray(logits)
+        kv_before, kv_after = np.asarray([before.k, before.v]), np.asarray([self.cache.k, self.cache.v])
+        for b, n in enumerate(num_new):
+            self.logits[b, lengths[b]:lengths[b] + n] = logits[b, :n]
+            if n == 0:  # an idle row's cache must be left exactly as it was
+                np.testing.assert_array_equal(kv_after[:, :, b], kv_before[:, :, b])
+        np.testing.assert_array_equal(self.cache.lengths, lengths + np.asarray(num_new))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_ragged_prefill_then_decode_matches_full_forward(model_type):
+    config, params = random_model(model_type)
+    batch, seq = 3, 20
+    seqs = np.random.default_rng(0).integers(0, config.vocab_size, (batch, seq)).astype(np.int32)
+    rec = _Recorder(config, params, batch, max_len=24, seq=seq)
+
+    def chunk(num_new, width):
+        """Each row's next num_new[b] tokens, right-padded to `width` with junk."""
+        start = np.asarray(rec.cache.lengths)
+        out = np.full((batch, width), 7, np.int32)
+        for b, n in enumerate(num_new):
+            out[b, :n] = seqs[b, start[b]:start[b] + n]
+        return out
+
+    rec.step(chunk([8, 5, 0], 8), [8, 5, 0])  # prompts of different lengths; row 2 idle
+    rec.step(chunk([4, 6, 6], 6), [4, 6, 6])  # a second prefill on top (a tool response)
+    while (remaining := seq - np.asarray(rec.cache.lengths)).any():
+        num_new = np.minimum(remaining, 1)
+        rec.step(chunk(num_new, 1), num_new)  # one decode step; finished rows idle
+
+    full = np.asarray(forward(params, config, jnp.asarray(seqs)))
+    assert not np.isnan(rec.logits).any()
+    assert np.abs(rec.logits - full).max() <= TOL
+
+
+def test_last_only_returns_each_rows_last_real_token():
+    config, params = random_model("qwen3")
+    tokens = np.random.default_rng(1).integers(0, config.vocab_size, (2, 6)).astype(np.int32)
+    num_new = jnp.array([6, 3], jnp.int32)
+    cache = init_cache(config, 2, 8)
+
+    all_logits, _ = forward_cached(params, config, jnp.asarray(tokens), cache, num_new)
+    last, new_cache = forward_cached(params, config, jnp.asarray(tokens), cache, num_new, last_only=True)
+
+    assert last.shape == (2, config.vocab_size)
+    np.testing.assert_allclose(last[0], all_logits[0, 5], atol=1e-6)
+    np.testing.assert_allclose(last[1], all_logits[1, 2], atol=1e-6)
+    np.testing.assert_array_equal(new_cache.lengths, [6, 3])
+
+
+def test_copied_prompt_rows_continue_like_their_own_prefill():
+    """One prompt prefilled once and copied to the other rows, then different continuations."""
+    config, params = random_model("qwen2")
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(0, config.vocab_size, 7).astype(np.int32)
+    continuations = rng.integers(0, config.vocab_size, (3, 4)).astype(np.int32)
+
+    cache = init_cache(config, 3, 12)
+    _, cache = forward_cached(params, config, jnp.asarray(np.tile(prompt, (3, 1))), cache,
+                              jnp.array([7, 0, 0], jnp.int32))
+    cache = copy_cache_rows(cache, jnp.array([0, 0]), jnp.array([1, 2]))
+    np.testing.assert_array_equal(cache.lengths, [7, 7, 7])
+    logits, _ = forward_cached(params, config, jnp.asarray(continuations), cache)
+
+    full = forward(params, config, jnp.asarray(np.concatenate([np.tile(prompt, (3, 1)), continuations], 1)))
+    assert np.abs(np.asarray(logits) - np.asarray(full[:, 7:])).max() <= TOL
