@@ -134,6 +134,18 @@ def test_close_resolves_unfinished_calls_and_refuses_new_ones():
         pool.submit("1")
 
 
+def test_pool_starts_from_a_process_running_jax():
+    import jax
+    import jax.numpy as jnp
+
+    assert float(jnp.ones(3).sum()) == 3.0  # XLA's thread pools are up in this process now
+    # The templates would refuse to start (RuntimeError) if jax had leaked into them.
+    with SandboxPool(num_workers=1, timeout_s=2.0) as pool:
+        result = pool.run("import sys\nprint('jax' in sys.modules)")
+    assert result.stdout == "False\n"
+    assert jax.device_count() >= 1
+
+
 # -- weaker isolation levels (forced) -----------------------------------------------------------
 @pytest.mark.parametrize("level", ["uid", "none"])
 def test_fallback_levels_contain_escapees_and_time_out(level):
