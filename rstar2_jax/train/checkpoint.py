@@ -1,0 +1,202 @@
+"""Orbax checkpoints that resume a run exactly, detect corruption, and export to Hugging Face.
+
+A checkpoint at step s is a directory ``<run>/checkpoints/<s>/`` with three items:
+
+    params     the params pytree (sharded arrays, written in parallel by every host)
+    opt_state  the optimizer state
+    meta       JSON: step, RNG key data, data position, the job config, the model config and a
+               fingerprint of every array
+
+Orbax writes each step to a temporary directory and renames it when complete, so a process
+killed mid-save leaves no half-written step behind. That does not catch a finished checkpoint
+whose files were later damaged: orbax happily reads a flipped bit back as a wrong weight. The
+fingerprints do: restore recomputes them and, on any mismatch or read error, says so and falls
+back to the previous step, moving the bad one aside.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rstar2_jax.model import ModelConfig, param_shapes, save_hf
+from rstar2_jax.train.configs import CheckpointConfig
+from rstar2_jax.train.step import TrainState
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A train state and everything else needed to continue a run where it stopped."""
+
+    state: TrainState
+    rng: jax.Array  # a typed PRNG key
+    data_position: Any  # JSON, as given to `save`
+    job_config: dict
+    model_config: ModelConfig
+
+
+class CorruptCheckpointError(RuntimeError):
+    pass
+
+
+@jax.jit
+def _fingerprints(tree):
+    """One uint32 per array: sum_i bits(x_i) * (2i + 1) mod 2**32.
+
+    Integer addition is exact and order-free, so the value does not depend on how the array is
+    sharded or reduced, and any single flipped bit changes it (an odd multiple of 2**k is never
+    0 mod 2**32 for k < 32).
+    """
+
+    def one(x):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+        bits = jax.lax.bitcast_convert_type(x, uint).astype(jnp.uint32).reshape(-1)
+        weights = 2 * jnp.arange(bits.size, dtype=jnp.uint32) + 1
+        return jnp.sum(bits * weights, dtype=jnp.uint32)
+
+    return jax.tree.map(one, tree)
+
+
+def _fingerprint_dict(tree) -> dict[str, int]:
+    values = jax.device_get(_fingerprints(tree))
+    return {jax.tree_util.keystr(path): int(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(values)[0]}
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class Checkpointer:
+    """Saves and restores :class:`TrainState` plus run metadata under ``directory``."""
+
+    def __init__(self, directory: str | Path, config: CheckpointConfig = CheckpointConfig()):
+        self.directory = Path(directory).absolute()
+        self.config = config
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=config.keep))
+
+    def steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def due(self, step: int) -> bool:
+        """Whether the periodic policy saves at ``step`` (the final step is saved regardless)."""
+        return step % self.config.every == 0
+
+    def save(self, state: TrainState, *, rng: jax.Array, data_position: Any, job_config: dict,
+             model_config: ModelConfig) -> None:
+        """Writes a checkpoint for ``state.step`` (asynchronously; see :meth:`wait`)."""
+        step = int(state.step)
+        meta = {
+            "step": step,
+            "rng": np.asarray(jax.random.key_data(rng)).tolist(),
+            "rng_impl": str(jax.random.key_impl(rng)),
+            "data_position": data_position,
+            "job_config": job_config,
+            "model_config": dataclasses.asdict(model_config),
+            "fingerprints": {"params": _fingerprint_dict(state.params),
+                             "opt_state": _fingerprint_dict(state.opt_state)},
+        }
+        self._manager.save(step, force=True, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            opt_state=ocp.args.StandardSave(state.opt_state),
+            meta=ocp.args.JsonSave(meta)))
+
+    def restore_latest(self, like: TrainState, *, params_only: bool = False) -> Restored | None:
+        """The newest readable checkpoint, restored with the shapes and shardings of ``like``.
+
+        ``like`` may hold arrays or ``jax.ShapeDtypeStruct``s with shardings. With
+        ``params_only`` the optimizer state of ``like`` is kept (an optimizer reset).
+        Unreadable or damaged checkpoints are reported, moved to ``corrupt-<step>`` and skipped.
+        Returns None if there is no checkpoint at all.
+        """
+        self.wait()
+        for step in reversed(self.steps()):
+            try:
+                return self.restore(step, like, params_only=params_only)
+            except Exception as e:  # noqa: BLE001 - any failure to read means "unusable"
+                older = [s for s in self.steps() if s < step]
+                fallback = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
+                log.warning("checkpoint step %d in %s is truncated or corrupt (%s: %s); %s",
+                            step, self.directory, type(e).__name__, str(e).splitlines()[0][:200],
+                            fallback)
+                self._quarantine(step)
+        return None
+
+    def read_meta(self, step: int) -> dict:
+        """The JSON metadata of checkpoint ``step``."""
+        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore(self, step: int, like: TrainState, *, params_only: bool = False) -> Restored:
+        """Checkpoint ``step`` exactly (no fallback); raises if it is unreadable or damaged."""
+        items = {"params": ocp.args.StandardRestore(_abstract(like.params)),
+                 "meta": ocp.args.JsonRestore()}
+        if not params_only:
+            items["opt_state"] = ocp.args.StandardRestore(_abstract(like.opt_state))
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        meta = restored["meta"]
+        if meta["step"] != step:
+            raise CorruptCheckpointError(f"metadata says step {meta['step']}")
+        parts = ["params"] if params_only else ["params", "opt_state"]
+        for part in parts:
+            if _fingerprint_dict(restored[part]) != meta["fingerprints"][part]:
+                raise CorruptCheckpointError(f"{part} do not match their fingerprints")
+        opt_state = like.opt_state if params_only else restored["opt_state"]
+        step_array = jax.device_put(jnp.asarray(step, jnp.int32), like.step.sharding)
+        rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32), impl=meta["rng_impl"])
+        return Restored(TrainState(restored["params"], opt_state, step_array), rng,
+                        meta["data_position"], meta["job_config"], ModelConfig(**meta["model_config"]))
+
+    def _quarantine(self, step: int) -> None:
+        if jax.process_index() == 0:
+            source = self.directory / str(step)
+            if source.exists():
+                source.rename(self.directory / f"corrupt-{step}")
+        self._manager.reload()
+
+    def wait(self) -> None:
+        """Blocks until pending asynchronous saves are on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+
+def export_hf(checkpoint_dir: str | Path, output_dir: str | Path, step: int | None = None) -> int:
+    """Writes the params of a checkpoint (default: the newest readable one) as a Hugging Face
+    checkpoint (config.json + model.safetensors). Returns the exported step."""
+    checkpointer = Checkpointer(checkpoint_dir)
+    try:
+        steps = checkpointer.steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoints in {checkpoint_dir}")
+        if step is not None and step not in steps:
+            raise ValueError(f"no checkpoint for step {step} in {checkpoint_dir}; have {steps}")
+        # The model config fixes the param shapes; it is the same in every step of a run.
+        model_config = ModelConfig(**checkpointer.read_meta(step or steps[-1])["model_config"])
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        params = jax.tree.map(
+            lambda shape: jax.ShapeDtypeStruct(shape, model_config.jnp_dtype, sharding=device),
+            param_shapes(model_config), is_leaf=lambda x: isinstance(x, tuple))
+        like = TrainState(params, None, jax.ShapeDtypeStruct((), jnp.int32, sharding=device))
+        if step is None:
+            restored = checkpointer.restore_latest(like, params_only=True)
+            if restored is None:
+                raise CorruptCheckpointError(f"no readable checkpoint in {checkpoint_dir}")
+        else:
+            restored = checkpointer.restore(step, like, params_only=True)
+        save_hf(output_dir, restored.model_config, restored.state.params)
+        return int(restored.state.step)
+    finally:
+        checkpointer.close()

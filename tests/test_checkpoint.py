@@ -1,0 +1,117 @@
+"""Checkpoints: exact round trip, keep-last-K, corruption fallback, Hugging Face export."""
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar2_jax.model import ModelConfig, init_params, load_hf
+from rstar2_jax.train.checkpoint import Checkpointer, export_hf
+from rstar2_jax.train.configs import CheckpointConfig, OptimizerConfig
+from rstar2_jax.train.optim import make_optimizer
+from rstar2_jax.train.step import TrainState, init_train_state
+
+# orbax leaves an un-awaited read coroutine behind when a damaged file fails to decode; it is
+# garbage-collected (and reported) during whichever test runs next.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=16, intermediate_size=32,
+                    num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, qk_norm=True)
+
+
+def _state(seed, step):
+    opt = make_optimizer(OptimizerConfig(lr=1e-3), total_steps=10)
+    params = init_params(MODEL, jax.random.key(seed))
+    state = init_train_state(params, opt, step=step)
+    # A non-trivial optimizer state, so that restoring the wrong one would show.
+    grads = jax.tree.map(jnp.ones_like, params)
+    _, opt_state = jax.jit(opt.update)(grads, state.opt_state, params)
+    return TrainState(params, opt_state, state.step)
+
+
+def _save(ckpt, seed, step, position=None):
+    ckpt.save(_state(seed, step), rng=jax.random.key(100 + step),
+              data_position=position or {"epoch": 0, "index": step}, job_config={"seed": seed},
+              model_config=MODEL)
+
+
+def _assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_round_trip_is_exact_and_keeps_last_k(tmp_path):
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(every=2, keep=2))
+    assert ckpt.due(4) and not ckpt.due(3)
+    for step in (2, 4, 6):
+        _save(ckpt, seed=step, step=step, position={"epoch": 1, "index": step * 10})
+    ckpt.wait()
+    assert ckpt.steps() == [4, 6]
+    restored = ckpt.restore_latest(_state(0, 0))
+    _assert_same(restored.state, _state(6, 6))
+    assert int(restored.state.step) == 6
+    assert restored.data_position == {"epoch": 1, "index": 60}
+    assert restored.job_config == {"seed": 6}
+    assert restored.model_config == MODEL
+    np.testing.assert_array_equal(jax.random.key_data(restored.rng),
+                                  jax.random.key_data(jax.random.key(106)))
+    ckpt.close()
+
+
+def test_params_only_keeps_the_given_optimizer_state(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    _save(ckpt, seed=1, step=5)
+    fresh = _state(0, 0)
+    restored = ckpt.restore_latest(fresh, params_only=True)
+    _assert_same(restored.state.params, _state(1, 5).params)
+    _assert_same(restored.state.opt_state, fresh.opt_state)
+    assert int(restored.state.step) == 5
+    ckpt.close()
+
+
+def _largest_file(step_dir: Path) -> Path:
+    return max((p for p in (step_dir / "params").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["flip_bit", "truncate", "delete_meta"])
+def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, damage):
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3))
+    _save(ckpt, seed=1, step=1)
+    _save(ckpt, seed=2, step=2)
+    ckpt.wait()
+    victim = _largest_file(tmp_path / "2")
+    data = bytearray(victim.read_bytes())
+    if damage == "flip_bit":
+        data[len(data) // 2] ^= 0x10
+        victim.write_bytes(bytes(data))
+    elif damage == "truncate":
+        victim.write_bytes(bytes(data[: len(data) // 3]))
+    else:
+        (tmp_path / "2" / "meta" / "metadata").unlink()
+    with caplog.at_level(logging.WARNING):
+        restored = Checkpointer(tmp_path).restore_latest(_state(0, 0))
+    assert int(restored.state.step) == 1
+    _assert_same(restored.state, _state(1, 1))
+    assert "checkpoint step 2" in caplog.text and "falling back to step 1" in caplog.text
+    assert (tmp_path / "corrupt-2").exists() and Checkpointer(tmp_path).steps() == [1]
+
+
+def test_no_checkpoint_returns_none(tmp_path):
+    assert Checkpointer(tmp_path).restore_latest(_state(0, 0)) is None
+
+
+def test_export_hf_round_trips_params(tmp_path):
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    _save(ckpt, seed=3, step=7)
+    _save(ckpt, seed=4, step=8)
+    ckpt.close()
+    assert export_hf(tmp_path / "ckpt", tmp_path / "hf", step=7) == 7
+    config, params = load_hf(tmp_path / "hf")
+    assert config.num_layers == MODEL.num_layers and config.vocab_size == MODEL.vocab_size
+    _assert_same(params, _state(3, 7).params)
+    assert export_hf(tmp_path / "ckpt", tmp_path / "hf_latest") == 8
+    with pytest.raises(ValueError, match="no checkpoint for step 5"):
+        export_hf(tmp_path / "ckpt", tmp_path / "hf5", step=5)
