@@ -34,7 +34,7 @@ from multiprocess.connection import Connection
 
 from rstar2_jax.sandbox import containment, runner
 from rstar2_jax.sandbox.config import SandboxConfig
-from rstar2_jax.sandbox.result import ExecResult
+from rstar2_jax.sandbox.result import ExecResult, sandbox_error
 
 _READ_CHUNK = 1 << 16
 _LAUNCHES_PER_TURN = 4
@@ -110,41 +110,68 @@ class Template:
 
     # -- calls -------------------------------------------------------------------------------
     def launch(self, request: dict) -> None:
+        """Fork the call's child. If the host refuses (no fds, no memory, fork limit), the call
+        resolves as ``sandbox_error`` and the template keeps serving."""
         slot = self.free_slots.pop()
         uid = self.uids[slot]
-        stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-        os.write(stdin_fd, request["stdin"].encode("utf-8", errors="surrogateescape"))
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        opened: list[int] = []
         scratch = None
-        if self.scratch_root is not None:
-            scratch = os.path.join(self.scratch_root, f"{request['id']}")
-            os.mkdir(scratch, 0o700)
-            if self.level == "uid":
-                os.chown(scratch, uid, uid)
-        if self.level == "namespaces":
-            # New PID namespace for the next child only; switched back right after the fork.
-            containment.unshare(containment.CLONE_NEWPID)
-        start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            runner.child_main(request["code"], stdin_fd, out_w, err_w, st_w, self.config,
-                              self.level, uid, scratch)
-        if self.level == "namespaces":
-            containment.setns(self.orig_pidns, containment.CLONE_NEWPID)
+        try:
+            stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            opened.append(stdin_fd)
+            os.write(stdin_fd, request["stdin"].encode("utf-8", errors="surrogateescape"))
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            (out_r, out_w), (err_r, err_w), (st_r, st_w) = (os.pipe2(os.O_CLOEXEC) for _ in range(3))
+            opened += [out_r, out_w, err_r, err_w, st_r, st_w]
+            if self.scratch_root is not None:
+                scratch = os.path.join(self.scratch_root, f"{request['id']}")
+                os.mkdir(scratch, 0o700)
+                if self.level == "uid":
+                    os.chown(scratch, uid, uid)
+            pid = self._fork(request["code"], stdin_fd, out_w, err_w, st_w, uid, scratch)
+            start = time.monotonic()
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise
+        except OSError as exc:
+            for fd in opened:
+                os.close(fd)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            self.free_slots.append(slot)
+            self.send({"op": "result", "id": request["id"],
+                       "result": sandbox_error(f"could not start the call: {exc}").to_dict()})
+            return
         for fd in (stdin_fd, out_w, err_w, st_w):
             os.close(fd)
         for fd in (out_r, err_r, st_r):
             os.set_blocking(fd, False)
-        pidfd = os.pidfd_open(pid)
         call = _Call(request["id"], slot, pid, pidfd, out_r, err_r, st_r, start,
                      start + self.config.timeout_s, scratch)
         self.calls[pidfd] = call
         for fd, kind in ((out_r, "out"), (err_r, "err"), (pidfd, "exit")):
             self.fd_owner[fd] = (call, kind)
             self.poller.register(fd, select.POLLIN)
+
+    def _fork(self, code: str, stdin_fd: int, out_w: int, err_w: int, st_w: int, uid: int,
+              scratch: str | None) -> int:
+        if self.level == "namespaces":
+            # New PID namespace for the next child only; switched back right after the fork.
+            containment.unshare(containment.CLONE_NEWPID)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    runner.child_main(code, stdin_fd, out_w, err_w, st_w, self.config, self.level, uid, scratch)
+                finally:  # the child must never fall back into the template's loop
+                    os._exit(1)
+        finally:
+            if self.level == "namespaces":
+                containment.setns(self.orig_pidns, containment.CLONE_NEWPID)
+        return pid
 
     def read_stream(self, call: _Call, kind: str) -> None:
         """Read what is available (non-blocking); kill the call if it passes the byte cap."""
