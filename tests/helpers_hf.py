@@ -1,4 +1,5 @@
-"""Builds tiny random Hugging Face Qwen2/Qwen3 checkpoints locally (no download), for tests.
+"""Tiny random Qwen2/Qwen3 models for tests: Hugging Face checkpoints built locally (no
+download) and their reference logits from `transformers`, or a random rstar2_jax model directly.
 
 Uses torch + transformers, so import it only from tests.
 """
@@ -6,9 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
+
+from rstar2_jax.model import ModelConfig, init_params
 
 # Small enough to compile in seconds; GQA ratio 2 and head_dim != hidden / heads by default.
 TINY_DEFAULTS = dict(
@@ -67,3 +72,17 @@ def hf_logits(path, tokens: np.ndarray, attention_mask: np.ndarray | None = None
                     attention_mask=torch.as_tensor(np.asarray(attention_mask, np.int64)),
                     position_ids=torch.as_tensor(positions, dtype=torch.int64))
     return out.logits.float().numpy()
+
+
+def tiny_random_model(model_type: str, dtype: str = "float32", **overrides):
+    """(config, params) of a tiny random rstar2_jax model: Qwen2 with q/k/v biases, Qwen3 with
+    q/k norms, GQA ratio 2. Every leaf is random, norm scales and biases included, so none is an
+    identity by accident. `overrides` are ModelConfig fields."""
+    config = ModelConfig(**(dict(
+        model_type=model_type, vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10_000.0,
+        attention_bias=model_type == "qwen2", qk_norm=model_type == "qwen3", dtype=dtype) | overrides))
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda x: x + jnp.asarray(0.1 * rng.standard_normal(x.shape), x.dtype),
+                          init_params(config, jax.random.key(0)))
+    return config, params

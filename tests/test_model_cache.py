@@ -4,25 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.model import (ModelConfig, copy_cache_rows, forward, forward_cached, init_cache,
-                              init_params)
+from helpers_hf import tiny_random_model
+from rstar2_jax.model import copy_cache_rows, forward, forward_cached, init_cache
 
 TOL = 1e-4
-
-
-def random_model(model_type: str, dtype: str = "float32"):
-    """A tiny model with random params; Qwen2 with q/k/v biases, Qwen3 with q/k norms."""
-    config = ModelConfig(model_type=model_type, vocab_size=96, hidden_size=32, intermediate_size=64,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10_000.0,
-                         attention_bias=model_type == "qwen2", qk_norm=model_type == "qwen3",
-                         dtype=dtype)
-    return config, perturbed(init_params(config, jax.random.key(0)), seed=1)
-
-
-def perturbed(params, seed):
-    """Adds noise to every leaf (norm scales and biases too) so none is an identity by accident."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: x + jnp.asarray(0.1 * rng.standard_normal(x.shape), x.dtype), params)
 
 
 class _Recorder:
@@ -48,7 +33,7 @@ class _Recorder:
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
 def test_ragged_prefill_then_decode_matches_full_forward(model_type):
-    config, params = random_model(model_type)
+    config, params = tiny_random_model(model_type)
     batch, seq = 3, 20
     seqs = np.random.default_rng(0).integers(0, config.vocab_size, (batch, seq)).astype(np.int32)
     rec = _Recorder(config, params, batch, max_len=24, seq=seq)
@@ -73,7 +58,7 @@ def test_ragged_prefill_then_decode_matches_full_forward(model_type):
 
 
 def test_last_only_returns_each_rows_last_real_token():
-    config, params = random_model("qwen3")
+    config, params = tiny_random_model("qwen3")
     tokens = np.random.default_rng(1).integers(0, config.vocab_size, (2, 6)).astype(np.int32)
     num_new = jnp.array([6, 3], jnp.int32)
     cache = init_cache(config, 2, 8)
@@ -89,7 +74,7 @@ def test_last_only_returns_each_rows_last_real_token():
 
 def test_copied_prompt_rows_continue_like_their_own_prefill():
     """One prompt prefilled once and copied to the other rows, then different continuations."""
-    config, params = random_model("qwen2")
+    config, params = tiny_random_model("qwen2")
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, config.vocab_size, 7).astype(np.int32)
     continuations = rng.integers(0, config.vocab_size, (3, 4)).astype(np.int32)
