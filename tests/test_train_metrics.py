@@ -1,0 +1,56 @@
+"""Metrics logger: JSONL + TensorBoard records, truncation on resume; phase timer."""
+import struct
+import time
+
+import pytest
+from tensorboardX.proto import event_pb2
+
+from rstar2_jax.train.metrics import MetricsLogger, PhaseTimer, read_metrics
+
+
+def _tensorboard_scalars(run_dir):
+    """(tag, step, value) of every scalar in the run's event files (TFRecord framing)."""
+    out = []
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            for v in event.summary.value:
+                out.append((v.tag, event.step, v.simple_value))
+    return out
+
+
+def test_log_and_resume_truncates_later_steps(tmp_path):
+    logger = MetricsLogger(tmp_path, start_step=0, total_steps=5, progress=False)
+    for step in (1, 2, 3):
+        logger.log(step, {"loss": step / 10, "time/update": 0.5})
+    logger.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "loss"')  # a record cut short by a crash
+
+    # Resume from the checkpoint at step 2: step 3 and the partial record are redone.
+    logger = MetricsLogger(tmp_path, start_step=2, total_steps=5, progress=False)
+    logger.log(3, {"loss": 0.33})
+    logger.close()
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[2] == {"step": 3, "loss": pytest.approx(0.33)}
+    scalars = _tensorboard_scalars(tmp_path)
+    assert ("loss", 1, pytest.approx(0.1)) in scalars
+    assert ("time/update", 2, pytest.approx(0.5)) in scalars
+
+
+def test_phase_timer_adds_up_repeated_phases():
+    timer = PhaseTimer()
+    for _ in range(2):
+        with timer("tools"):
+            time.sleep(0.01)
+    with timer("update"):
+        pass
+    split = timer.split()
+    assert set(split) == {"time/tools", "time/update"}
+    assert split["time/tools"] >= 0.02 > split["time/update"]
+    assert timer.split() == {}
