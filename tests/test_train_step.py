@@ -26,7 +26,8 @@ def _masked_ce(params, batch):
     logp = jax.nn.log_softmax(logits)
     token_logp = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
     mask = batch["mask"].astype(jnp.float32)
-    return -(token_logp * mask).sum(), mask.sum(), {"logp_sum": (token_logp * mask).sum()}
+    metrics = {"logp_sum": (token_logp * mask).sum(), "logit_max": logits.max()}
+    return -(token_logp * mask).sum(), mask.sum(), metrics
 
 
 def _batch(key, rows=16, seq=6):
@@ -50,6 +51,9 @@ def test_micro_batches_give_the_global_token_mean_gradient():
         grads, loss_sum, count, metrics = accumulate_gradients(_masked_ce, params, batch, micro)
         assert float(count) == float(batch["mask"].sum())
         np.testing.assert_allclose(float(metrics["logp_sum"]), -float(loss_sum), rtol=1e-6)
+        # "_max" metrics are maxima over micro-batches, not sums.
+        full_max = (params["embed"][batch["tokens"]] @ params["out"]).max()
+        np.testing.assert_allclose(float(metrics["logit_max"]), float(full_max), rtol=1e-6)
         for name in params:
             np.testing.assert_allclose(grads[name], expected[name], rtol=1e-5, atol=1e-6)
 

@@ -7,7 +7,8 @@ The step is parameterised by a loss function that returns *sums*, never means::
 so that summing over micro-batches and dividing once by the total token count gives exactly the
 gradient of the token mean over the whole batch (not a mean of per-micro-batch means, which
 would weight short micro-batches up). ``metric_sums`` are token-weighted sums too (e.g. the
-number of clipped tokens) and come back as token means.
+number of clipped tokens) and come back as token means; the exception is a name ending in
+``_max``, which is a maximum over micro-batches and comes back as is.
 
 Sharding: params, and the optimizer moments that mirror them, follow the model's partition specs
 on a ("fsdp", "tp") mesh; every batch array is split over "fsdp" on its leading (row) axis; the
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from rstar2_jax.sharding import batch_spec, named_shardings
 from rstar2_jax.train.optim import current_lr
 
 LossFn = Callable[[Any, dict], tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
@@ -39,8 +41,7 @@ def state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: 
                     param_specs: Any) -> TrainState:
     """NamedShardings for a TrainState: params by ``param_specs``, optimizer moments like their
     params, everything else (counts, learning rate, step) replicated."""
-    param_sh = jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs,
-                            is_leaf=lambda x: isinstance(x, P))
+    param_sh = named_shardings(mesh, param_specs)
     replicated = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(optimizer.init, params)
     opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
@@ -90,13 +91,14 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
         grads, loss_sum, count, metrics = carry
         g, (l, c, m) = grad_fn(params, mb)
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
-        metrics = jax.tree.map(jnp.add, metrics, m)
+        metrics = {k: jnp.maximum(metrics[k], m[k]) if k.endswith("_max") else metrics[k] + m[k]
+                   for k in metrics}
         return (grads, loss_sum + l, count + c, metrics), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
-    metric_zeros = jax.tree.map(lambda m: jnp.zeros_like(m, jnp.float32),
-                                jax.eval_shape(loss_fn, params, first)[2])
+    metric_zeros = {k: jnp.full(m.shape, -jnp.inf if k.endswith("_max") else 0.0, jnp.float32)
+                    for k, m in jax.eval_shape(loss_fn, params, first)[2].items()}
     init = (zeros, jnp.float32(0), jnp.float32(0), metric_zeros)
     (grads, loss_sum, count, metrics), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
     # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
@@ -128,7 +130,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         denom = jnp.maximum(count, 1.0)
-        metrics = {name: value / denom for name, value in metric_sums.items()}
+        metrics = {name: value if name.endswith("_max") else value / denom
+                   for name, value in metric_sums.items()}
         metrics |= {"loss": loss_sum / denom, "tokens": count,
                     "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state)}
         return TrainState(params, opt_state, state.step + 1), metrics
@@ -138,10 +141,5 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     if param_specs is None or params is None:
         raise ValueError("a sharded train step needs param_specs and params (or their shapes)")
     shardings = state_shardings(optimizer, params, mesh, param_specs)
-    return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
+    return jax.jit(step, in_shardings=(shardings, NamedSharding(mesh, batch_spec())),
                    out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=0)
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Rows over "fsdp", everything else replicated (applies to every batch array)."""
-    return NamedSharding(mesh, P("fsdp"))
