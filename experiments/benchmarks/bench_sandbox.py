@@ -6,12 +6,15 @@ Workloads, each run as a closed loop with the same number of calls in flight for
                combinatorics, plain loops), each importing what it uses
   numpy_sympy  calls that import numpy and sympy (what most math tool calls do)
 Pool overhead is the end-to-end latency of a call that does nothing, one call at a time.
+CPU per call (templates + their children, from /proc) does not depend on how busy the host is,
+so ``cores / cpu_per_call`` estimates the throughput of an idle machine.
 
 Usage: python experiments/benchmarks/bench_sandbox.py [--workers N] [--concurrency C]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import threading
@@ -66,6 +69,15 @@ def fresh_python(code: str) -> bool:
     return proc.returncode == 0
 
 
+def template_cpu_s(pids: list[int]) -> float:
+    """utime + stime + cutime + cstime of the templates (children are counted once reaped)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
@@ -103,8 +115,13 @@ def main() -> None:
         _, overhead, _ = closed_loop(pooled, ["pass"] * 200, concurrency=1)
         print(f"pool overhead (no-op call, one at a time): p50 {percentile(overhead, 50) * 1e3:.1f} ms  "
               f"p99 {percentile(overhead, 99) * 1e3:.1f} ms")
+        pids = pool.health()["template_pids"]
         for name, calls in workloads.items():
+            cpu_before = template_cpu_s(pids)
             pool_rate = report(name, "pool", *closed_loop(pooled, calls, args.concurrency))
+            cpu_per_call = (template_cpu_s(pids) - cpu_before) / len(calls)
+            print(f"{name:12s} pool CPU per call {cpu_per_call * 1e3:.1f} ms -> "
+                  f"~{len(os.sched_getaffinity(0)) / cpu_per_call:.0f} calls/s on these cores if idle")
             fresh_rate = report(name, "fresh python", *closed_loop(fresh_python, calls[: args.fresh_calls],
                                                                      args.concurrency))
             print(f"{name:12s} speedup {pool_rate / fresh_rate:.1f}x")
