@@ -1,6 +1,16 @@
 """Sampling: plain batched generation and agentic multi-turn rollouts with tool calls."""
 from rstar2_jax.sampler.engine import Engine
 from rstar2_jax.sampler.generate import Generation, generate
+from rstar2_jax.sampler.rollout import (
+    AgentSampler,
+    RolloutConfig,
+    RolloutStats,
+    ToolCallRecord,
+    Trajectory,
+)
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
-__all__ = ["Engine", "Generation", "SamplingParams", "generate", "sample_tokens"]
+__all__ = [
+    "AgentSampler", "Engine", "Generation", "RolloutConfig", "RolloutStats", "SamplingParams",
+    "ToolCallRecord", "Trajectory", "generate", "sample_tokens",
+]

@@ -1,0 +1,318 @@
+"""Agentic rollouts: multi-turn sampling with Python tool calls and continuous batching.
+
+The host loop around the `Engine`:
+
+1. Free slots are filled from the queue of (prompt, sample) pairs. A prompt is prefilled once
+   into a staging row and copied to the slots of its samples, whenever those slots free up.
+2. The device decodes all active rows and hands control back as soon as any row ends a turn.
+3. A turn that ends with a `<tool_call>` pauses its row; the call goes to the executor
+   asynchronously (`submit` returns a future) and the other rows keep decoding.
+4. When a call's result is back, its rendered text is tokenized, appended to the trajectory with
+   loss mask 0, prefilled into the row's cache (only those tokens) and the row resumes.
+5. A turn without a tool call, the turn limit or the token budget ends the trajectory and frees
+   the slot for the next queued sample.
+
+Token ids are the record: generated ids are appended as sampled, tool tokens as encoded, and the
+trajectory is never decoded and re-tokenized (text is decoded only to parse a turn).
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import time
+
+from rstar2_jax import chat
+from rstar2_jax.model import ModelConfig, forward_cached
+from rstar2_jax.sampler.engine import Engine
+from rstar2_jax.sampler.sampling import SamplingParams
+from rstar2_jax.sandbox import render_result
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Limits and sizes of an agentic rollout.
+
+    max_turns: model turns per trajectory (a turn ends at `<|im_end|>`); the paper uses 10
+      (15 in stage 3, 30 at evaluation).
+    max_response_tokens: budget for everything after the prompt, model and tool tokens alike.
+    max_prompt_tokens: longest prompt accepted.
+    tool_response_chars: tool output shown to the model is truncated to this many characters
+      (head and tail kept).
+    show_tool_time: include the execution time line in tool responses.
+    num_slots: rows decoded together.
+    chunk: decode steps per device call at most.
+    """
+
+    max_turns: int = 10
+    max_response_tokens: int = 8192
+    max_prompt_tokens: int = 2048
+    tool_response_chars: int = 1000
+    show_tool_time: bool = True
+    num_slots: int = 64
+    chunk: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call of a trajectory and what the model was shown."""
+
+    code: str
+    stdin: str
+    status: str  # an ExecResult status, or "malformed" for a call that could not be parsed
+    response_text: str
+    turn: int
+
+    @property
+    def is_error(self) -> bool:
+        """Counts for RoC's p_err: execution error, timeout, malformed call, any failure."""
+        return self.status != "ok"
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """A finished rollout.
+
+    `response_ids`, `loss_mask` and `logprobs` are aligned `[response_len]`: 1 / the sampler's
+    log-prob for model tokens, 0 / 0.0 for tool-response and scaffold tokens.
+    `turn_spans` are the `[start, end)` ranges of the model's turns in `response_ids`.
+    `finish_reason`: "answer" (final turn has an `<answer>` block), "no_tool_call" (final turn
+    has neither an answer nor a tool call), "max_turns", or "budget" (truncated: the token
+    budget ran out while generating or a tool response would not fit).
+    """
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    turn_texts: list[str] = dataclasses.field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = dataclasses.field(default_factory=list)
+    num_answer_blocks: int = 0
+    finish_reason: str = ""
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
+
+    @property
+    def num_tool_calls(self) -> int:
+        return len(self.tool_calls)
+
+    @property
+    def num_tool_errors(self) -> int:
+        return sum(c.is_error for c in self.tool_calls)
+
+    @property
+    def response_text(self) -> str:
+        """The model's own text (tool outputs excluded): what the reward reads."""
+        return "\n".join(self.turn_texts)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "budget"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    wall_s: float
+    tool_wait_s: float  # time the device sat idle because every live row waited on a tool
+    generated_tokens: int
+    tool_calls: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / max(self.wall_s, 1e-9)
+
+    @property
+    def tool_wait_fraction(self) -> float:
+        return self.tool_wait_s / max(self.wall_s, 1e-9)
+
+
+@dataclasses.dataclass
+class _Row:
+    traj: Trajectory
+    turn_start: int = 0
+    future: concurrent.futures.Future | None = None
+    call: chat.ToolCall | None = None
+    ready_text: str | None = None  # a response that needs no execution (malformed call)
+
+
+class AgentSampler:
+    """Runs agentic rollouts for batches of prompts; compiled once, reused across RL steps.
+
+    Args:
+      config: model config.
+      tokenizer: a Hugging Face tokenizer with the chat markup tokens.
+      executor: runs tool calls; needs `submit(code, stdin) -> Future[ExecResult]` (a
+        `SandboxPool`).
+      rollout: limits and sizes.
+      sampling: token selection (the paper trains at temperature 1.0, evaluates at 0.6).
+      seed: PRNG seed.
+      forward_fn: the cached forward (the model's by default; tests pass a scripted policy).
+    """
+
+    def __init__(self, config: ModelConfig, tokenizer, executor, rollout: RolloutConfig,
+                 sampling: SamplingParams, seed: int = 0, forward_fn=forward_cached):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.executor = executor
+        self.cfg = rollout
+        self.sampling = sampling
+        self.seed = seed
+        self.forward_fn = forward_fn
+        self.im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
+        stops = {self.im_end}
+        if tokenizer.eos_token_id is not None:
+            stops.add(tokenizer.eos_token_id)
+        self.stop_tokens = tuple(sorted(stops))
+        self._engine: Engine | None = None
+
+    def _get_engine(self, params) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(
+                params, self.config, num_slots=self.cfg.num_slots,
+                max_len=self.cfg.max_prompt_tokens + self.cfg.max_response_tokens,
+                max_prompt_len=self.cfg.max_prompt_tokens, sampling=self.sampling,
+                stop_tokens=self.stop_tokens, chunk=self.cfg.chunk, seed=self.seed,
+                forward_fn=self.forward_fn,
+            )
+        self._engine.set_params(params)
+        return self._engine
+
+    def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1
+                ) -> tuple[list[Trajectory], RolloutStats]:
+        """Samples `samples_per_prompt` trajectories per prompt.
+
+        Returns the trajectories ordered by (prompt, sample) and timing statistics.
+        """
+        for i, p in enumerate(prompts):
+            if not 1 <= len(p) <= self.cfg.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens; must be 1..{self.cfg.max_prompt_tokens}")
+        engine = self._get_engine(params)
+        start = time.perf_counter()
+        tool_wait = 0.0
+        generated = 0
+        queue = collections.deque(
+            (p, s) for p in range(len(prompts)) for s in range(samples_per_prompt))
+        remaining = collections.Counter(p for p, _ in queue)  # samples not yet admitted
+        staged: dict[int, int] = {}  # prompt -> staging row
+        rows: list[_Row | None] = [None] * engine.num_slots
+        done: list[Trajectory] = []
+
+        while queue or any(r is not None for r in rows):
+            self._admit(engine, prompts, queue, remaining, staged, rows)
+            if bool(engine.state.active.any()):
+                out = engine.decode(min_stops=1)
+                generated += int(out.count.sum())
+                for slot, row in enumerate(rows):
+                    if row is None:
+                        continue
+                    n = int(out.count[slot])
+                    row.traj.response_ids.extend(int(t) for t in out.tokens[slot, :n])
+                    row.traj.logprobs.extend(float(x) for x in out.logprobs[slot, :n])
+                    row.traj.loss_mask.extend([1] * n)
+                    if out.stopped[slot] and self._end_turn(row):
+                        done.append(row.traj)
+                        rows[slot] = None
+            elif any(r is not None and r.future is not None for r in rows):
+                t0 = time.perf_counter()
+                concurrent.futures.wait([r.future for r in rows if r and r.future],
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                tool_wait += time.perf_counter() - t0
+            self._resume_ready(engine, rows, done)
+
+        done.sort(key=lambda t: (t.prompt_index, t.sample_index))
+        stats = RolloutStats(
+            wall_s=time.perf_counter() - start, tool_wait_s=tool_wait,
+            generated_tokens=generated, tool_calls=sum(t.num_tool_calls for t in done))
+        return done, stats
+
+    def _admit(self, engine, prompts, queue, remaining, staged, rows) -> None:
+        free = [s for s, r in enumerate(rows) if r is None]
+        busy = set(staged.values())
+        new: dict[int, int] = {}  # prompt -> staging row, prefilled in one call below
+        starting = []
+        while free and queue:
+            p, s = queue[0]
+            if p not in staged:
+                spare = next((r for r in range(engine.stage_rows) if r not in busy), None)
+                if spare is None:
+                    break
+                staged[p] = new[p] = spare
+                busy.add(spare)
+            queue.popleft()
+            starting.append((staged[p], free.pop(0), p, s))
+            remaining[p] -= 1
+        engine.stage_prompts(list(new.values()), [prompts[p] for p in new])
+        engine.admit([(row, slot, prompts[p][-1], self.cfg.max_response_tokens)
+                      for row, slot, p, _ in starting])
+        # A staging row is released only after admit() has copied it.
+        for p in [p for p in staged if remaining[p] == 0]:
+            del staged[p]
+        for _, slot, p, s in starting:
+            rows[slot] = _Row(Trajectory(p, s, list(prompts[p])))
+
+    def _end_turn(self, row: _Row) -> bool:
+        """Handles a row that stopped; returns True when its trajectory is finished."""
+        traj = row.traj
+        span = (row.turn_start, len(traj.response_ids))
+        traj.turn_spans.append(span)
+        text = self.tokenizer.decode(traj.response_ids[span[0]:span[1]],
+                                     skip_special_tokens=False)
+        traj.turn_texts.append(text)
+        answers = chat.count_answer_blocks(text)
+        traj.num_answer_blocks += answers
+        if traj.response_ids[-1] not in self.stop_tokens:
+            traj.finish_reason = "budget"
+            return True
+        call = chat.parse_tool_call(text)
+        if call is None:
+            traj.finish_reason = "answer" if answers else "no_tool_call"
+            return True
+        if traj.num_turns >= self.cfg.max_turns:
+            traj.finish_reason = "max_turns"
+            return True
+        row.call = call
+        if call.error is not None:
+            row.ready_text = chat.malformed_call_response(call)
+        else:
+            row.future = self.executor.submit(call.code, call.stdin)
+        return False
+
+    def _resume_ready(self, engine: Engine, rows: list[_Row | None], done: list) -> None:
+        resume = {}
+        for slot, row in enumerate(rows):
+            if row is None or (row.ready_text is None and
+                               (row.future is None or not row.future.done())):
+                continue
+            call = row.call
+            if row.ready_text is not None:
+                status, text = "malformed", row.ready_text
+            else:
+                result = row.future.result()
+                status = result.status
+                text = render_result(result, max_chars=self.cfg.tool_response_chars,
+                                     show_time=self.cfg.show_tool_time)
+            traj = row.traj
+            traj.tool_calls.append(
+                ToolCallRecord(call.code, call.stdin, status, text, turn=traj.num_turns - 1))
+            row.future, row.call, row.ready_text = None, None, None
+            tool_ids = chat.encode_tool_response(self.tokenizer, text)
+            room = self.cfg.max_response_tokens - len(traj.response_ids) - len(tool_ids)
+            if room < 1:
+                # The response would not fit: end cleanly on the model's last turn.
+                traj.finish_reason = "budget"
+                done.append(traj)
+                rows[slot] = None
+                continue
+            pending = traj.response_ids[-1]
+            traj.response_ids.extend(tool_ids)
+            traj.loss_mask.extend([0] * len(tool_ids))
+            traj.logprobs.extend([0.0] * len(tool_ids))
+            row.turn_start = len(traj.response_ids)
+            resume[slot] = ([pending] + tool_ids[:-1], tool_ids[-1], room)
+        engine.resume(resume)

@@ -1,0 +1,235 @@
+"""Agentic rollouts with a scripted policy: tool calls, pauses, resumes, limits, masks.
+
+The policy is a stub with the cached-forward signature. Its "KV cache" stores the token ids
+themselves, so it can read the whole history of a row and emit the next token of a fixed script:
+script `i` (chosen by the prompt's first token) lists the text of each assistant turn. Everything
+else -- the engine, the host loop, the sandbox, the chat format -- is the real code.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar2_jax import chat
+from rstar2_jax.model import KVCache, ModelConfig
+from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+from rstar2_jax.sandbox import SandboxPool
+
+FORMAT = chat.ChatFormat(system_prompt="Use the tool.", user_template="{question}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from rstar2_jax.data.tokenizer import build_tokenizer
+
+    corpus = ["Let me compute this with Python. print(6*7) answer boxed", FORMAT.prompt_text("q")]
+    return build_tokenizer(corpus * 20, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(num_workers=2, timeout_s=1.0) as p:
+        yield p
+
+
+def call(code: str) -> str:
+    return chat.format_tool_call(code)
+
+
+SCRIPTS = [
+    # 0: a call that works, a call that times out, then the answer.
+    ["Let me compute." + call("print(6*7)"), call("import time\ntime.sleep(30)"),
+     "</reason><answer>\\boxed{42}</answer>"],
+    # 1: malformed JSON, a call that raises, then the answer.
+    ['<tool_call>{"name": oops</tool_call>', call("print(1/0)"),
+     "</reason><answer>\\boxed{7}</answer>"],
+    # 2: answers at once.
+    ["</reason><answer>\\boxed{3}</answer>"],
+    # 3: calls the tool every turn (hits max_turns).
+    [call("print(1)")] * 6,
+    # 4: a slow call (0.8 s), then the answer.
+    [call("import time\ntime.sleep(0.8)\nprint('slow')"), "<answer>\\boxed{1}</answer>"],
+    # 5: a fast call, then the answer.
+    [call("print(2)"), "<answer>\\boxed{2}</answer>"],
+    # 6: talks until the token budget runs out.
+    ["blah " * 400],
+]
+
+
+def make_policy(tokenizer, scripts):
+    """Returns (config, params, forward_fn, marker ids) for a scripted policy."""
+    im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
+    im_start = tokenizer.convert_tokens_to_ids(chat.IM_START)
+    tail = len(tokenizer.encode("assistant\n" + chat.REASON_START, add_special_tokens=False))
+    turns = [[tokenizer.encode(t, add_special_tokens=False) + [im_end] for t in s] for s in scripts]
+    max_turns = max(len(t) for t in turns)
+    width = max(len(x) for t in turns for x in t)
+    table = np.full((len(scripts), max_turns, width), im_end, np.int32)
+    for i, script in enumerate(turns):
+        for j, ids in enumerate(script):
+            table[i, j, : len(ids)] = ids
+    vocab = len(tokenizer)
+    markers = [tokenizer.encode(str(i), add_special_tokens=False)[0] for i in range(len(scripts))]
+    index = np.zeros((vocab,), np.int32)
+    index[markers] = np.arange(len(scripts))
+    params = {"script": jnp.asarray(table), "index": jnp.asarray(index)}
+    config = ModelConfig(model_type="qwen3", vocab_size=vocab, hidden_size=2,
+                         intermediate_size=2, num_layers=1, num_heads=1, num_kv_heads=1,
+                         head_dim=2)
+
+    def forward(params, config, tokens, cache, num_new=None, *, last_only=False):
+        assert last_only
+        batch, t = tokens.shape
+        size = cache.k.shape[2]
+        num_new = jnp.full((batch,), t, jnp.int32) if num_new is None else num_new
+        pos = cache.lengths[:, None] + jnp.arange(t)
+        slots = jnp.where(jnp.arange(t) < num_new[:, None], pos, size)
+        k = cache.k.at[0, jnp.arange(batch)[:, None], slots, 0, 0].set(
+            tokens.astype(cache.k.dtype), mode="drop")
+        n = cache.lengths + num_new
+        hist = k[0, :, :, 0, 0].astype(jnp.int32)
+        starts = (hist == im_start) & (jnp.arange(size)[None] < n[:, None])
+        last_start = jnp.max(jnp.where(starts, jnp.arange(size)[None], -1), axis=1)
+        turn = (starts.sum(1) - 3) // 2  # system, user, assistant; +2 per tool response
+        offset = n - (last_start + 1 + tail)
+        script = params["index"][hist[:, 0]]
+        nxt = params["script"][script, jnp.clip(turn, 0, max_turns - 1),
+                               jnp.clip(offset, 0, width - 1)]
+        logits = jax.nn.one_hot(nxt, vocab) * 30.0
+        return logits, KVCache(k=k, v=cache.v, lengths=n)
+
+    return config, params, forward, markers
+
+
+def prompts_for(tokenizer, markers, script_ids):
+    return [[markers[i]] + chat.encode_prompt(tokenizer, f"problem {i}", FORMAT)
+            for i in script_ids]
+
+
+def expected_turn_ids(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False) + [
+        tokenizer.convert_tokens_to_ids(chat.IM_END)]
+
+
+def make_sampler(tokenizer, executor, num_slots=4, **limits):
+    config, params, forward, markers = make_policy(tokenizer, SCRIPTS)
+    cfg = RolloutConfig(num_slots=num_slots, max_prompt_tokens=64, show_tool_time=False,
+                        chunk=16, **{"max_turns": 4, "max_response_tokens": 600, **limits})
+    sampler = AgentSampler(config, tokenizer, executor, cfg, SamplingParams(temperature=0.0),
+                           forward_fn=forward)
+    return sampler, params, markers
+
+
+def run(tokenizer, executor, script_ids, num_slots=4, **limits):
+    sampler, params, markers = make_sampler(tokenizer, executor, num_slots, **limits)
+    return sampler.rollout(params, prompts_for(tokenizer, markers, script_ids))
+
+
+def check_layout(tokenizer, traj, script):
+    """The response is: turn ids, then tool-response ids, alternating; masks and logps match."""
+    pos = 0
+    for j, (start, end) in enumerate(traj.turn_spans):
+        assert start == pos
+        want = expected_turn_ids(tokenizer, script[j])
+        assert traj.response_ids[start:end] == want[: end - start]
+        assert traj.loss_mask[start:end] == [1] * (end - start)
+        assert all(lp > -1e-3 for lp in traj.logprobs[start:end])  # forced tokens: logp ~ 0
+        pos = end
+        calls = [c for c in traj.tool_calls if c.turn == j]
+        if calls:
+            tool = chat.encode_tool_response(tokenizer, calls[0].response_text)
+            assert traj.response_ids[pos:pos + len(tool)] == tool
+            assert traj.loss_mask[pos:pos + len(tool)] == [0] * len(tool)
+            assert traj.logprobs[pos:pos + len(tool)] == [0.0] * len(tool)
+            pos += len(tool)
+    assert pos == len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
+
+
+def test_tool_calls_errors_timeouts_and_answers(tokenizer, pool):
+    trajs, stats = run(tokenizer, pool, [0, 1, 2, 3])
+    assert [(t.prompt_index, t.sample_index) for t in trajs] == [(i, 0) for i in range(4)]
+    ok_timeout, malformed_error, direct, looping = trajs
+
+    check_layout(tokenizer, ok_timeout, SCRIPTS[0])
+    assert [c.status for c in ok_timeout.tool_calls] == ["ok", "timeout"]
+    assert "42" in ok_timeout.tool_calls[0].response_text
+    assert ok_timeout.tool_calls[0].code == "print(6*7)"
+    assert ok_timeout.finish_reason == "answer" and ok_timeout.num_answer_blocks == 1
+    assert ok_timeout.num_tool_errors == 1
+    assert "\\boxed{42}" in ok_timeout.response_text
+    assert "Tool call" not in ok_timeout.response_text  # tool output is not the model's text
+
+    check_layout(tokenizer, malformed_error, SCRIPTS[1])
+    assert [c.status for c in malformed_error.tool_calls] == ["malformed", "error"]
+    assert "Tool call failure" in malformed_error.tool_calls[0].response_text
+    assert "ZeroDivisionError" in malformed_error.tool_calls[1].response_text
+    assert malformed_error.num_tool_errors == 2
+
+    check_layout(tokenizer, direct, SCRIPTS[2])
+    assert direct.num_turns == 1 and direct.tool_calls == [] and direct.finish_reason == "answer"
+
+    check_layout(tokenizer, looping, SCRIPTS[3])
+    assert looping.finish_reason == "max_turns" and looping.num_turns == 4
+    assert looping.num_tool_calls == 3  # the 4th turn's call is not executed
+    assert stats.tool_calls == 2 + 2 + 3
+
+
+def test_budget_ends_the_trajectory_cleanly(tokenizer, pool):
+    (talker,), _ = run(tokenizer, pool, [6], max_response_tokens=50)
+    assert talker.finish_reason == "budget" and talker.truncated
+    assert len(talker.response_ids) == 50 and sum(talker.loss_mask) == 50
+    # A tool response that would not fit ends the trajectory before it is appended.
+    first_turn = len(expected_turn_ids(tokenizer, SCRIPTS[0][0]))
+    (caller,), _ = run(tokenizer, pool, [0], max_response_tokens=first_turn + 3)
+    assert caller.finish_reason == "budget" and caller.num_turns == 1
+    assert len(caller.response_ids) == first_turn and set(caller.loss_mask) == {1}
+
+
+class SpyExecutor:
+    """Records when each call is submitted and when it completes."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.events = []
+        self.lock = threading.Lock()
+
+    def submit(self, code, stdin=""):
+        with self.lock:
+            self.events.append(("submit", code, time.perf_counter()))
+        future = self.pool.submit(code, stdin)
+        future.add_done_callback(
+            lambda f, code=code: self.events.append(("done", code, time.perf_counter())))
+        return future
+
+
+def test_rows_pause_and_resume_independently_and_slots_refill(tokenizer, pool):
+    spy = SpyExecutor(pool)
+    sampler, params, markers = make_sampler(tokenizer, spy, num_slots=2)
+    sampler.rollout(params, prompts_for(tokenizer, markers, [4, 5, 5]))  # compile everything
+    spy.events.clear()
+    # Two slots: the slow call parks one row while the six fast trajectories flow through the
+    # other slot one after another.
+    trajs, stats = sampler.rollout(params, prompts_for(tokenizer, markers, [4] + [5] * 6))
+    assert [t.finish_reason for t in trajs] == ["answer"] * 7
+    assert "slow" in trajs[0].tool_calls[0].response_text
+    slow_done = next(t for kind, code, t in spy.events if kind == "done" and "sleep" in code)
+    fast_submits = [t for kind, code, t in spy.events if kind == "submit" and code == "print(2)"]
+    assert len(fast_submits) == 6
+    assert max(fast_submits) < slow_done, "fast rows waited for the slow row's tool call"
+    assert stats.tool_wait_s < stats.wall_s
+
+
+def test_samples_of_a_prompt_share_one_prefill(tokenizer, pool):
+    sampler, params, markers = make_sampler(tokenizer, pool, num_slots=3)
+    prompts = prompts_for(tokenizer, markers, [2, 5])
+    trajs, _ = sampler.rollout(params, prompts, samples_per_prompt=4)
+    assert [(t.prompt_index, t.sample_index) for t in trajs] == [
+        (p, s) for p in range(2) for s in range(4)]
+    assert sampler._engine.prompts_prefilled == 2  # one per prompt, 8 samples on 3 slots
+    for t in trajs:
+        check_layout(tokenizer, t, SCRIPTS[[2, 5][t.prompt_index]])
