@@ -69,7 +69,7 @@ def test_nonuniform_group_mask():
 
 rewards_arrays = hnp.arrays(
     np.float32,
-    st.tuples(st.integers(1, 6), st.integers(2, 8)),
+    st.tuples(st.just(5), st.sampled_from([2, 3, 8])),  # few shapes: each one compiles
     elements=st.sampled_from([0.0, 1.0, 0.5, -2.0, 3.25]),
 )
 

@@ -59,7 +59,7 @@ def mean_loss(logp, old, adv, mask, **kwargs):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gradient_matches_closed_form(seed):
     logp, old, adv, mask = random_batch(seed)
-    grad = jax.grad(mean_loss)(logp, old, adv, mask)
+    grad = jax.jit(jax.grad(mean_loss))(logp, old, adv, mask)
     ratio = np.exp(np.asarray(logp - old))
     a = np.asarray(adv)[:, None]
     # d(-r A)/d logp = -r A where the unclipped branch is active; the clipped side has no gradient.
@@ -70,8 +70,10 @@ def test_gradient_matches_closed_form(seed):
 
 
 def test_gradient_on_policy_is_minus_advantage_over_token_count():
-    _, old, adv, mask = random_batch(3)
-    grad = jax.grad(mean_loss)(old, old, adv, mask)
+    # old_logp is a constant: passing logp itself as old_logp is the on-policy loss, and the
+    # gradient does not cancel through it.
+    logp, _, adv, mask = random_batch(3)
+    grad = jax.jit(jax.grad(lambda lp: mean_loss(lp, lp, adv, mask)))(logp)
     expected = np.where(mask, -np.asarray(adv)[:, None] / np.sum(mask), 0.0)
     np.testing.assert_allclose(grad, expected, rtol=1e-6)
 
@@ -82,7 +84,7 @@ def dual_clipped_loss(logp, advantage):
 
 
 def test_dual_clip_gradient_vanishes_beyond_the_cap():
-    grad = jax.grad(lambda lp: dual_clipped_loss(lp, -1.0))(jnp.log(jnp.array([[4.0, 2.0]])))
+    grad = jax.jit(jax.grad(lambda lp: dual_clipped_loss(lp, -1.0)))(jnp.log(jnp.array([[4.0, 2.0]])))
     # A = -1, N = 2: ratio 4 is past the cap (no gradient); ratio 2 is not: -A r / N = 1.
     np.testing.assert_allclose(grad, [[0.0, 1.0]], rtol=1e-6)
 
@@ -107,13 +109,13 @@ def test_aggregation_modes_closed_form():
 def test_micro_batch_accumulation_equals_full_batch(mode):
     logp, old, adv, mask = random_batch(5, batch=6, seq=7, ratio_spread=0.6)
     mask = mask.at[4].set(False)  # an empty row in one micro-batch
-    full = jax.value_and_grad(mean_loss)(logp, old, adv, mask, loss_agg_mode=mode)
+    full = jax.jit(jax.value_and_grad(lambda lp: mean_loss(lp, old, adv, mask, loss_agg_mode=mode)))(logp)
 
     def split_loss(logp):
         parts = [policy_loss(logp[s], old[s], adv[s], mask[s], loss_agg_mode=mode) for s in (slice(0, 1), slice(1, 4), slice(4, 6))]
         return sum(p[0] for p in parts) / sum(p[1] for p in parts)
 
-    accumulated = jax.value_and_grad(split_loss)(logp)
+    accumulated = jax.jit(jax.value_and_grad(split_loss))(logp)
     np.testing.assert_allclose(accumulated[0], full[0], rtol=1e-6)
     np.testing.assert_allclose(accumulated[1], full[1], rtol=1e-6, atol=1e-9)
 

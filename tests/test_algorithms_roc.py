@@ -156,10 +156,10 @@ def test_batch_matches_per_question_calls():
     rewards = jax.random.bernoulli(jax.random.key(4), 0.5, (6, 8)).astype(jnp.int32)
     penalties = jax.random.uniform(jax.random.key(5), (6, 8), maxval=2.0)
     for mode in ("paper", "released"):
-        batch = jax.jit(roc_select_batch, static_argnames=("group_size", "mode"))(key, rewards, penalties, 4, mode)
+        batch = roc_select_batch(key, rewards, penalties, 4, mode)
         keys = jax.random.split(key, 6)
         for q in range(6):
-            np.testing.assert_array_equal(batch[q], roc_select(keys[q], rewards[q], penalties[q], 4, mode))
+            np.testing.assert_array_equal(batch[q], select(keys[q], rewards[q], penalties[q], group_size=4, mode=mode))
 
 
 @pytest.mark.parametrize(

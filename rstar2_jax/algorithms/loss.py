@@ -58,14 +58,16 @@ def policy_loss(
       logp: `[batch, seq]` log-probabilities (nats) of the sampled tokens under the policy being
         trained; the gradient flows through these only.
       old_logp: `[batch, seq]` log-probabilities of the same tokens under the policy that sampled
-        them.
+        them. A constant (no gradient flows through it), so `old_logp=logp` gives the on-policy
+        loss, whose gradient is -A / N per token for token-mean.
       advantages: `[batch]` per-rollout advantages (broadcast to every token) or `[batch, seq]`.
       mask: `[batch, seq]` loss mask, nonzero for tokens the model generated. Values at masked
         positions of every other array are ignored, even inf or NaN.
       eps_low: lower clip range, the ratio is clipped below at 1 - eps_low.
       eps_high: upper clip range (Clip-Higher), the ratio is clipped above at 1 + eps_high.
       dual_clip: if set (> 1, e.g. 3.0), caps a negative-advantage token's loss at -dual_clip * A.
-      ref_logp: `[batch, seq]` reference-policy log-probabilities, for the KL term and metric.
+      ref_logp: `[batch, seq]` reference-policy log-probabilities (a constant), for the KL term
+        and metric.
       kl_coef: beta, weight (Python float) of the per-token k3 estimate of KL(policy || reference)
         added to the loss; 0 turns it off and needs no `ref_logp`.
       logits: `[batch, seq, vocab]` logits that produced `logp`, only to report the entropy
@@ -89,6 +91,9 @@ def policy_loss(
         raise ValueError("kl_coef != 0 needs ref_logp")
 
     mask = jnp.asarray(mask).astype(bool)
+    old_logp = jax.lax.stop_gradient(old_logp)
+    if ref_logp is not None:
+        ref_logp = jax.lax.stop_gradient(ref_logp)
     if jnp.ndim(advantages) == 1:
         advantages = advantages[:, None]
     # Masked positions are replaced *before* any arithmetic: multiplying a garbage value by a zero

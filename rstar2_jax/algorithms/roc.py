@@ -143,11 +143,13 @@ def roc_select_batch(
         raise ValueError(
             f"rewards and penalties must both be [num_questions, 2G], got shapes {rewards.shape} and {penalties.shape}"
         )
-    # Values are checked here, on concrete arrays, because inside vmap they are traced.
+    # Values are checked here, on concrete arrays, because inside the compiled vmap they are traced.
     _check_group(rewards, penalties, group_size, mode, batched=True)
     keys = jax.random.split(key, rewards.shape[0])
-    select = lambda k, r, p: roc_select(k, r, p, group_size, mode)
-    return jax.vmap(select)(keys, rewards, penalties)
+    return _select_many(keys, rewards, penalties, group_size, mode)
+
+
+_select_many = jax.jit(jax.vmap(roc_select, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
 
 
 def _check_group(rewards, penalties, group_size, mode, batched=False):
