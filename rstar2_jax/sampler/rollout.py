@@ -21,6 +21,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import time
+from typing import Callable
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward_cached
@@ -182,9 +183,13 @@ class AgentSampler:
         self._engine.set_params(params)
         return self._engine
 
-    def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1
+    def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
+                on_finish: Callable[[Trajectory], None] | None = None,
                 ) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
+
+        `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
+        it while the other rows are still decoding).
 
         Returns the trajectories ordered by (prompt, sample) and timing statistics.
         """
@@ -202,6 +207,7 @@ class AgentSampler:
         staged: dict[int, int] = {}  # prompt -> staging row
         rows: list[_Row | None] = [None] * engine.num_slots
         done: list[Trajectory] = []
+        finished: list[Trajectory] = []  # finished in this iteration, not yet reported
 
         while queue or any(r is not None for r in rows):
             self._admit(engine, prompts, queue, remaining, staged, rows)
@@ -216,14 +222,19 @@ class AgentSampler:
                     row.traj.logprobs.extend(float(x) for x in out.logprobs[slot, :n])
                     row.traj.loss_mask.extend([1] * n)
                     if out.stopped[slot] and self._end_turn(row):
-                        done.append(row.traj)
+                        finished.append(row.traj)
                         rows[slot] = None
             elif any(r is not None and r.future is not None for r in rows):
                 t0 = time.perf_counter()
                 concurrent.futures.wait([r.future for r in rows if r and r.future],
                                         return_when=concurrent.futures.FIRST_COMPLETED)
                 tool_wait += time.perf_counter() - t0
-            self._resume_ready(engine, rows, done)
+            self._resume_ready(engine, rows, finished)
+            for traj in finished:
+                if on_finish is not None:
+                    on_finish(traj)
+                done.append(traj)
+            finished.clear()
 
         done.sort(key=lambda t: (t.prompt_index, t.sample_index))
         stats = RolloutStats(

@@ -1,0 +1,125 @@
+"""Evaluation: k agentic samples per problem, average pass@1 and unbiased pass@k.
+
+The paper's protocol (§5.1): 16 samples per problem at temperature 0.6, average pass@1, up to 30
+turns. `evaluate` runs any `AgentSampler` (its sampling settings and limits are the protocol) and
+scores every sample with the verifier pool; `write_samples` keeps one JSONL line per sample.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from rstar2_jax import chat
+from rstar2_jax.data.datasets import Problem
+from rstar2_jax.sampler import AgentSampler, Trajectory
+
+
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al., 2021, eq. 1):
+    `1 - C(n - c, k) / C(n, k)`, the chance that k samples drawn without replacement from the n
+    contain a correct one."""
+    if not 0 <= num_correct <= num_samples or not 1 <= k <= num_samples:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n; got n={num_samples}, "
+                         f"c={num_correct}, k={k}")
+    if num_samples - num_correct < k:
+        return 1.0
+    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalReport:
+    """Averages over problems (pass rates) and over samples (everything else)."""
+
+    problems: int
+    samples_per_problem: int
+    pass_at: dict[int, float]  # k -> mean unbiased pass@k; pass_at[1] is average pass@1
+    mean_response_tokens: float
+    tool_calls_per_sample: float
+    tool_error_rate: float  # failed calls / calls, over all samples
+    truncation_rate: float
+    wall_s: float
+
+    def summary(self) -> str:
+        rates = ", ".join(f"pass@{k} {100 * v:.1f}%" for k, v in sorted(self.pass_at.items()))
+        return (f"{self.problems} problems x {self.samples_per_problem} samples: {rates}; "
+                f"{self.mean_response_tokens:.0f} response tokens, "
+                f"{self.tool_calls_per_sample:.2f} tool calls/sample "
+                f"({100 * self.tool_error_rate:.1f}% failed), "
+                f"{100 * self.truncation_rate:.1f}% truncated, {self.wall_s:.1f} s")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRecord:
+    """One evaluated sample, as written to the per-sample JSONL."""
+
+    problem: int
+    sample: int
+    question: str
+    answer: str
+    reward: float
+    finish_reason: str
+    response_tokens: int
+    tool_calls: list[dict]
+    response_text: str
+
+
+def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem], *,
+             samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
+             ks: Sequence[int] = (1,)) -> tuple[EvalReport, list[SampleRecord]]:
+    """Samples every problem `samples` times and scores each sample.
+
+    Args:
+      sampler: decides temperature, turn and token limits (paper: 0.6, 30 turns, 30K tokens).
+      params: the policy.
+      verifier: `submit(response_text, gold) -> Future[float]` (a `VerifierPool`).
+      problems: questions and reference answers.
+      samples: samples per problem (paper: 16).
+      fmt: the chat format the policy was trained with.
+      ks: the k of each pass@k to report (each <= samples).
+    """
+    if samples < 1 or any(not 1 <= k <= samples for k in ks):
+        raise ValueError(f"need samples >= 1 and every k in 1..samples; got {samples}, {ks}")
+    prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems]
+    futures = {}
+
+    def score(traj: Trajectory) -> None:
+        futures[traj.prompt_index, traj.sample_index] = verifier.submit(
+            traj.response_text, problems[traj.prompt_index].answer)
+
+    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score)
+    rewards = np.zeros((len(problems), samples))
+    records = []
+    for t in trajs:
+        # A truncated response has no final answer to trust (DESIGN §3: truncated -> 0).
+        reward = 0.0 if t.truncated else futures[t.prompt_index, t.sample_index].result()
+        rewards[t.prompt_index, t.sample_index] = reward
+        problem = problems[t.prompt_index]
+        records.append(SampleRecord(
+            problem=t.prompt_index, sample=t.sample_index, question=problem.question,
+            answer=problem.answer, reward=reward, finish_reason=t.finish_reason,
+            response_tokens=len(t.response_ids),
+            tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status} for c in t.tool_calls],
+            response_text=t.response_text))
+    correct = rewards.sum(axis=1).astype(int)
+    calls = sum(t.num_tool_calls for t in trajs)
+    report = EvalReport(
+        problems=len(problems), samples_per_problem=samples,
+        pass_at={k: float(np.mean([pass_at_k(samples, c, k) for c in correct])) for k in ks},
+        mean_response_tokens=float(np.mean([len(t.response_ids) for t in trajs])),
+        tool_calls_per_sample=calls / len(trajs),
+        tool_error_rate=sum(t.num_tool_errors for t in trajs) / max(calls, 1),
+        truncation_rate=float(np.mean([t.truncated for t in trajs])),
+        wall_s=stats.wall_s)
+    return report, records
+
+
+def write_samples(path: str | os.PathLike, records: Sequence[SampleRecord]) -> None:
+    """One JSON object per sample."""
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
