@@ -22,10 +22,12 @@ def _check(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Initial weights: a Hugging Face checkpoint directory (config.json + safetensors)."""
+    """Initial weights: a Hugging Face checkpoint directory (config.json + safetensors), its
+    tokenizer, and the chat format (system prompt and user template) the model is trained with."""
 
     path: str = MISSING
     tokenizer: str | None = None  # defaults to ``path``
+    chat_format: Literal["rstar2", "toy"] = "rstar2"
 
     @property
     def tokenizer_path(self) -> str:

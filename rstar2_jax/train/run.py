@@ -1,0 +1,140 @@
+"""What every training loop does around its steps: set up, resume, log, checkpoint.
+
+    run = start_run(run_dir=..., model=..., optimizer=..., total_steps=..., job_config=cfg)
+    for step in range(run.step, run.end_step):
+        state, metrics = train_step(run.state, batch)       # the loop's own work
+        run.finish_step(state, metrics, rng=rng, data_position=position)
+    run.close()
+
+A run starts, in this order of preference, from (1) the newest readable checkpoint in its own
+``run_dir`` (an exact resume), (2) the newest checkpoint of the run in ``init_from`` (the
+previous stage of a staged recipe: params, and the optimizer state unless
+``reset_optimizer``; the step count continues), (3) the Hugging Face checkpoint
+``model.path``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rstar2_jax.config import config_to_dict
+from rstar2_jax.model import ModelConfig, load_hf
+from rstar2_jax.sharding import batch_spec, make_mesh, param_specs, shard_params
+from rstar2_jax.train.checkpoint import Checkpointer
+from rstar2_jax.train.configs import CheckpointConfig, MeshConfig, ModelSource, OptimizerConfig
+from rstar2_jax.train.metrics import MetricsLogger
+from rstar2_jax.train.optim import make_optimizer
+from rstar2_jax.train.step import TrainState, init_train_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Run:
+    """A started run. ``state``, ``rng`` and ``data_position`` are where the loop continues from;
+    steps ``start_step + 1 .. end_step`` are this run's (``step`` is the last one done)."""
+
+    run_dir: Path
+    mesh: jax.sharding.Mesh
+    model_config: ModelConfig
+    param_specs: Any
+    optimizer: optax.GradientTransformation
+    state: TrainState
+    rng: jax.Array
+    data_position: Any
+    start_step: int
+    end_step: int
+    checkpointer: Checkpointer
+    logger: MetricsLogger
+    job_config: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    def finish_step(self, state: TrainState, metrics: dict[str, float], *, rng: jax.Array,
+                    data_position: Any) -> None:
+        """Records the step just done: metrics, then a checkpoint if due or at the last step."""
+        self.state, self.rng, self.data_position = state, rng, data_position
+        step = int(state.step)
+        self.logger.log(step, metrics)
+        if self.checkpointer.due(step) or step == self.end_step:
+            self.checkpointer.save(state, rng=rng, model_config=self.model_config,
+                                   job_config=self.job_config,
+                                   data_position={"start_step": self.start_step, "data": data_position})
+
+    def close(self) -> None:
+        self.checkpointer.wait()
+        self.checkpointer.close()
+        self.logger.close()
+
+
+def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerConfig,
+              total_steps: int, job_config: Any, seed: int = 0, mesh: MeshConfig = MeshConfig(),
+              checkpoint: CheckpointConfig = CheckpointConfig(), init_from: str | None = None,
+              reset_optimizer: bool = False, progress: bool = True) -> Run:
+    """Builds the mesh, the sharded train state and the logger, resuming when possible.
+
+    Args:
+      total_steps: steps this run performs (the stage length), counted from its starting step.
+      job_config: the job's config dataclass; saved in every checkpoint.
+      init_from: run directory of the previous stage (used only if ``run_dir`` has no checkpoint).
+      reset_optimizer: with ``init_from``, start from a fresh optimizer state.
+    """
+    run_dir = Path(run_dir)
+    job_dict = config_to_dict(job_config)
+    mesh_ = make_mesh(mesh.fsdp, mesh.tp)
+    model_config, params = load_hf(model.path)
+    specs = param_specs(model_config, mesh_)
+    opt = make_optimizer(optimizer, total_steps)
+    state = init_train_state(shard_params(params, model_config, mesh_), opt, mesh=mesh_,
+                             param_specs=specs)
+    del params
+    rng, data_position, start_step = jax.random.key(seed), None, 0
+
+    checkpointer = Checkpointer(run_dir / "checkpoints", checkpoint)
+    restored = checkpointer.restore_latest(state)
+    if restored is not None:
+        _warn_config_changes(restored.job_config, job_dict)
+        state, rng = restored.state, restored.rng
+        start_step = restored.data_position["start_step"]
+        data_position = restored.data_position["data"]
+        log.info("resuming %s at step %d", run_dir, int(state.step))
+    elif init_from is not None:
+        previous = Checkpointer(Path(init_from) / "checkpoints")
+        restored = previous.restore_latest(state, params_only=reset_optimizer)
+        previous.close()
+        if restored is None:
+            raise FileNotFoundError(f"init_from={init_from!r} has no readable checkpoint")
+        if restored.model_config != model_config:
+            raise ValueError(f"init_from={init_from!r} holds a {restored.model_config}, but "
+                             f"model.path={model.path!r} is a {model_config}")
+        state = restored.state._replace(opt_state=state.opt_state) if reset_optimizer else restored.state
+        start_step = int(state.step)
+        log.info("starting from %s at step %d%s", init_from, start_step,
+                 " with a fresh optimizer" if reset_optimizer else "")
+    logger = MetricsLogger(run_dir, start_step=int(state.step), total_steps=start_step + total_steps,
+                           progress=progress)
+    return Run(run_dir, mesh_, model_config, specs, opt, state, rng, data_position, start_step,
+               start_step + total_steps, checkpointer, logger, job_dict)
+
+
+def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            _warn_config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            log.warning("resuming with %s%s=%r (the checkpoint was written with %r)", prefix, key, b, a)
+
+
+def device_batch(batch: dict, run: Run) -> dict:
+    """Host arrays [rows, ...] -> device arrays with rows split over "fsdp"."""
+    return jax.device_put({k: jnp.asarray(v) for k, v in batch.items()},
+                          jax.sharding.NamedSharding(run.mesh, batch_spec()))

@@ -1,0 +1,143 @@
+"""Supervised fine-tuning: next-token cross-entropy on the tokens the model should generate.
+
+Data is JSONL, one conversation per line as ``{"messages": [user, assistant, (tool,
+assistant)*]}``, encoded by :func:`rstar2_jax.chat.encode_conversation` exactly as the sampler
+builds trajectories; its loss mask is 1 on assistant tokens only, so prompts and tool outputs
+are attended to but never trained on. Batches are right-padded to ``seq_len``.
+
+The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rstar2_jax import chat
+from rstar2_jax.data.toy import TOY_FORMAT
+from rstar2_jax.model import ModelConfig, token_logprobs
+from rstar2_jax.train.configs import SFTConfig
+from rstar2_jax.train.metrics import PhaseTimer
+from rstar2_jax.train.run import device_batch, start_run
+from rstar2_jax.train.step import TrainState, make_train_step
+
+CHAT_FORMATS = {"rstar2": chat.ChatFormat(), "toy": TOY_FORMAT}
+
+
+def encode_examples(path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) of every conversation in the JSONL file at ``path``.
+
+    Raises ValueError naming the line for a malformed row, a conversation longer than
+    ``seq_len`` (truncating would silently train on a cut-off answer) or one with no
+    assistant token.
+    """
+    examples = []
+    with open(path) as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {line_number}"
+            try:
+                messages = json.loads(line)["messages"]
+                ids, mask = chat.encode_conversation(tokenizer, messages, fmt)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{where}: not a conversation ({e})") from None
+            if len(ids) > seq_len:
+                raise ValueError(f"{where}: {len(ids)} tokens, more than seq_len={seq_len}")
+            if not any(mask):
+                raise ValueError(f"{where}: no assistant token to train on")
+            examples.append((ids, mask))
+    if not examples:
+        raise ValueError(f"{path} holds no conversation")
+    return examples
+
+
+def pad_batch(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> dict:
+    """Right-padded int32 arrays [rows, seq_len]: tokens, attention_mask, loss_mask."""
+    rows = len(examples)
+    batch = {"tokens": np.full((rows, seq_len), pad_id, np.int32),
+             "attention_mask": np.zeros((rows, seq_len), np.int32),
+             "loss_mask": np.zeros((rows, seq_len), np.int32)}
+    for row, (ids, mask) in enumerate(examples):
+        batch["tokens"][row, :len(ids)] = ids
+        batch["attention_mask"][row, :len(ids)] = 1
+        batch["loss_mask"][row, :len(ids)] = mask
+    return batch
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """The example order of an epoch: a permutation that depends only on (seed, epoch), so a
+    resumed run sees exactly the batches the uninterrupted one would have."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def sft_loss(params: dict, batch: dict, *, model_config: ModelConfig, remat: bool = False):
+    """``(loss_sum, token_count, {})`` of next-token prediction at loss-mask positions.
+
+    batch: tokens, attention_mask, loss_mask, each [rows, seq]. Position t predicts token t + 1,
+    which counts when loss_mask[t + 1] is 1.
+    """
+    tokens = batch["tokens"]
+    logp = token_logprobs(params, model_config, tokens[:, :-1], tokens[:, 1:],
+                          batch["attention_mask"][:, :-1], remat=remat)
+    mask = batch["loss_mask"][:, 1:].astype(bool)
+    return -jnp.sum(jnp.where(mask, logp, 0.0)), jnp.sum(mask, dtype=jnp.float32), {}
+
+
+def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = None,
+            progress: bool = True) -> TrainState:
+    """Trains for ``config.epochs`` epochs (resuming from ``run_dir`` if it has a checkpoint).
+
+    ``on_step(step, metrics)`` is called after each step is logged (and checkpointed if due).
+    Returns the final train state.
+    """
+    from transformers import AutoTokenizer  # heavy; only SFT needs it
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
+    examples = encode_examples(config.data, tokenizer, CHAT_FORMATS[config.model.chat_format],
+                               config.seq_len)
+    steps_per_epoch = len(examples) // config.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"{config.data} has {len(examples)} conversations, fewer than "
+                         f"batch_size={config.batch_size}")
+    run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
+                    total_steps=config.epochs * steps_per_epoch, job_config=config, seed=config.seed,
+                    mesh=config.mesh, checkpoint=config.checkpoint, progress=progress)
+    micro_batch_size = config.micro_batch_size or config.batch_size
+    fsdp = run.mesh.shape["fsdp"]
+    if micro_batch_size % fsdp:
+        raise ValueError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
+                         f"fsdp={fsdp} devices")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat)
+    train_step = make_train_step(loss, run.optimizer,
+                                 micro_batches=config.batch_size // micro_batch_size,
+                                 mesh=run.mesh, param_specs=run.param_specs, params=run.state.params)
+    timer = PhaseTimer()
+    try:
+        for step in range(run.step, run.end_step):
+            epoch, index = divmod(step, steps_per_epoch)
+            with timer("data"):
+                order = epoch_order(len(examples), config.seed, epoch)
+                rows = order[index * config.batch_size:(index + 1) * config.batch_size]
+                batch = pad_batch([examples[i] for i in rows], config.seq_len, pad_id)
+                real_tokens = int(batch["attention_mask"].sum())
+                batch = device_batch(batch, run)
+            start = time.perf_counter()
+            with timer("update"):
+                state, metrics = train_step(run.state, batch)
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics |= timer.split() | {
+                "epoch": epoch, "perf/tokens_per_s": real_tokens / (time.perf_counter() - start)}
+            run.finish_step(state, metrics, rng=run.rng,
+                            data_position={"epoch": epoch, "batch": index + 1})
+            if on_step is not None:
+                on_step(run.step, metrics)
+        return run.state
+    finally:
+        run.close()

@@ -1,0 +1,137 @@
+"""SFT: masked loss, data handling, and a run that is killed and resumed to the same result."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar2_jax import chat
+from rstar2_jax.config import load_config
+from rstar2_jax.data.tokenizer import build_tokenizer
+from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.train.checkpoint import Checkpointer
+from rstar2_jax.train.configs import SFTConfig
+from rstar2_jax.train.metrics import read_metrics
+from rstar2_jax.train.sft import CHAT_FORMATS, encode_examples, epoch_order, pad_batch, run_sft, sft_loss
+
+
+def _conversation(i):
+    return [{"role": "user", "content": f"What is {i} plus {i + 1}?"},
+            {"role": "assistant", "content": chat.format_tool_call(f"print({i} + {i + 1})")},
+            {"role": "tool", "content": str(2 * i + 1)},
+            {"role": "assistant", "content": f"</reason><answer>\\boxed{{{2 * i + 1}}}</answer>"}]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny random Qwen3 + toy tokenizer checkpoint and 8 tool-using conversations."""
+    d = tmp_path_factory.mktemp("sft")
+    conversations = [_conversation(i) for i in range(8)]
+    with open(d / "sft.jsonl", "w") as f:
+        for c in conversations:
+            f.write(json.dumps({"messages": c}) + "\n")
+    fmt = CHAT_FORMATS["toy"]
+    corpus = [fmt.prompt_text(c[0]["content"]) for c in conversations]
+    corpus += [m["content"] for c in conversations for m in c[1:]]
+    tokenizer = build_tokenizer(corpus, vocab_size=300)
+    config = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=32,
+                         intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                         head_dim=8, qk_norm=True)
+    save_hf(d / "model", config, init_params(config, jax.random.key(0)))
+    tokenizer.save_pretrained(d / "model")
+    return d, tokenizer, config
+
+
+def _config(d, run):
+    return [f"model.path={d}/model", "model.chat_format=toy", f"data={d}/sft.jsonl",
+            f"run_dir={d}/{run}", "seq_len=256", "batch_size=4", "micro_batch_size=2", "epochs=3",
+            "optimizer.lr=1e-2", "optimizer.warmup_steps=1", "mesh.fsdp=2", "mesh.tp=2",
+            "checkpoint.every=2"]
+
+
+def test_loss_counts_only_assistant_tokens(setup):
+    d, tokenizer, config = setup
+    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, CHAT_FORMATS["toy"], 256)[:1]
+    assert 0 < sum(mask) < len(ids)
+    batch = {k: jnp.asarray(v) for k, v in pad_batch([(ids, mask)], 256, pad_id=0).items()}
+    params = init_params(config, jax.random.key(1))
+    loss_sum, count, _ = sft_loss(params, batch, model_config=config)
+    assert float(count) == sum(mask[1:])  # the first token is never a target
+
+    # Changing a prompt/tool token's *target* does not change the loss; an assistant token does.
+    def loss_with(position, new_token):
+        tokens = batch["tokens"].at[0, position].set(new_token)
+        return float(sft_loss(params, batch | {"tokens": tokens}, model_config=config)[0])
+
+    last = len(ids) - 1
+    assert mask[last] == 1 and mask[0] == 0
+    assert loss_with(last, (ids[last] + 1) % config.vocab_size) != pytest.approx(float(loss_sum))
+    # Past the end (padding) nothing counts.
+    assert loss_with(last + 1, 5) == pytest.approx(float(loss_sum), rel=1e-6)
+
+
+def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
+    d, tokenizer, _ = setup
+    fmt = CHAT_FORMATS["toy"]
+    with pytest.raises(ValueError, match="line 1: .* more than seq_len=50"):
+        encode_examples(str(d / "sft.jsonl"), tokenizer, fmt, 50)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": _conversation(0)}) + "\n" + '{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(ValueError, match="line 2: not a conversation"):
+        encode_examples(str(bad), tokenizer, fmt, 256)
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    a, b = epoch_order(10, seed=0, epoch=1), epoch_order(10, seed=0, epoch=2)
+    assert sorted(a) == list(range(10)) and not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, epoch_order(10, seed=0, epoch=1))
+
+
+_KILLED_RUN = textwrap.dedent("""
+    import os, signal, sys
+    from rstar2_jax.config import load_config
+    from rstar2_jax.train.configs import SFTConfig
+    from rstar2_jax.train.sft import run_sft
+
+    def crash(step, metrics):
+        if step == 4:  # right after the checkpoint at 4 was started (saves are asynchronous)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    run_sft(load_config(SFTConfig, overrides=sys.argv[1:]), on_step=crash, progress=False)
+""")
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in records]
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(setup):
+    d, _, _ = setup
+    # 8 conversations / batch 4 = 2 steps per epoch, 3 epochs: 6 steps.
+    full = run_sft(load_config(SFTConfig, overrides=_config(d, "full")), progress=False)
+    full_metrics = read_metrics(d / "full")
+    assert [r["step"] for r in full_metrics] == [1, 2, 3, 4, 5, 6]
+    assert all(np.isfinite(r["loss"]) for r in full_metrics)
+    assert full_metrics[-1]["loss"] < full_metrics[0]["loss"]
+    assert {"loss", "tokens", "grad_norm", "lr", "perf/tokens_per_s", "time/update"} <= full_metrics[0].keys()
+
+    proc = subprocess.run([sys.executable, "-c", _KILLED_RUN, *_config(d, "resumed")],
+                          env=os.environ.copy(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert [r["step"] for r in read_metrics(d / "resumed")] == [1, 2, 3, 4]
+    assert Checkpointer(d / "resumed" / "checkpoints").steps()[0] == 2
+
+    resumed = run_sft(load_config(SFTConfig, overrides=_config(d, "resumed")), progress=False)
+    assert int(resumed.step) == 6
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(resumed.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    resumed_metrics = read_metrics(d / "resumed")
+    assert [r["step"] for r in resumed_metrics] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(_comparable(full_metrics), _comparable(resumed_metrics)):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
