@@ -94,7 +94,8 @@ def policy_loss(
     old_logp = jax.lax.stop_gradient(old_logp)
     if ref_logp is not None:
         ref_logp = jax.lax.stop_gradient(ref_logp)
-    if jnp.ndim(advantages) == 1:
+    advantages = jnp.asarray(advantages)
+    if advantages.ndim == 1:
         advantages = advantages[:, None]
     # Masked positions are replaced *before* any arithmetic: multiplying a garbage value by a zero
     # mask is not enough, since 0 * inf = NaN, in the loss and in its gradient.
