@@ -1,0 +1,184 @@
+"""The RL optimizer update on a prepared batch of kept rollouts (GRPO-RoC, after selection).
+
+Input, one row per kept rollout, every per-token array aligned with ``tokens``::
+
+    tokens          int32   [rows, seq]  prompt, generated and tool tokens, right-padded
+    attention_mask  int32   [rows, seq]  1 on real tokens
+    loss_mask       int32   [rows, seq]  1 on tokens the model generated (DESIGN.md §2)
+    advantages      float32 [rows]       the rollout's group-normalised advantage
+    sampler_logp    float32 [rows, seq]  log-prob the sampler gave each generated token
+
+The update (1) recomputes the old log-probs with the training forward, since the sampler's
+numerics differ slightly from the trainer's and the ratio must start at exactly 1; their gap is
+reported as the sampler/trainer mismatch; (2) splits the rows into ``mini_batches`` and takes
+one optimizer step per mini-batch with the clipped token-mean loss, accumulated exactly over
+micro-batches. With one mini-batch (the released recipe) the ratio is 1 and nothing is clipped;
+with more, later mini-batches see a moved policy and clipping starts to act.
+
+Every distinct (rows, seq) shape compiles once; bucket them in the caller.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rstar2_jax.algorithms import policy_loss
+from rstar2_jax.model import ModelConfig, token_logprobs
+from rstar2_jax.sharding import batch_spec, named_shardings
+from rstar2_jax.train.configs import RLConfig
+from rstar2_jax.train.step import TrainState, make_train_step
+
+_FIELDS = ("tokens", "attention_mask", "loss_mask", "advantages", "sampler_logp")
+
+
+def _shift(batch: dict) -> dict:
+    """Position t predicts token t + 1: inputs/targets and every per-target array, [rows, seq-1]."""
+    return {"inputs": batch["tokens"][:, :-1], "targets": batch["tokens"][:, 1:],
+            "attention_mask": batch["attention_mask"][:, :-1],
+            "mask": batch["loss_mask"][:, 1:].astype(bool),
+            "sampler_logp": batch["sampler_logp"][:, 1:],
+            "advantages": batch["advantages"]}
+
+
+def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig):
+    """``(loss_sum, token_count, metric_sums)`` of the clipped policy loss on a micro-batch of
+    shifted rows (see :func:`_shift`) that also carry ``old_logp`` [rows, seq-1]."""
+    logp = token_logprobs(params, model_config, mb["inputs"], mb["targets"], mb["attention_mask"],
+                          chunk_size=config.logprob_chunk, temperature=config.temperature,
+                          remat=config.remat)
+    loss_sum, count, m = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"],
+                                     config.eps_low, config.eps_high)
+    n = m["num_tokens"]
+    sums = {k: m[k] * n for k in ("clip_low_frac", "clip_high_frac", "approx_kl", "ratio_mean")}
+    return loss_sum, count.astype(jnp.float32), sums | {"ratio_max": m["ratio_max"]}
+
+
+def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfig, chunks: int):
+    """Trainer log-probs and entropies [rows, seq-1] (no gradient), ``chunks`` row chunks at a
+    time (strided, like the train step's micro-batches)."""
+    rows = shifted["inputs"].shape[0]
+
+    def split(x):
+        return jnp.swapaxes(x.reshape(rows // chunks, chunks, *x.shape[1:]), 0, 1)
+
+    def merge(x):
+        return jnp.swapaxes(x, 0, 1).reshape(rows, *x.shape[2:])
+
+    def one(args):
+        inputs, targets, mask = args
+        return token_logprobs(params, model_config, inputs, targets, mask,
+                              chunk_size=config.logprob_chunk, temperature=config.temperature,
+                              return_entropy=True)
+
+    logp, entropy = jax.lax.map(one, tuple(split(shifted[k]) for k in ("inputs", "targets", "attention_mask")))
+    return merge(logp), merge(entropy)
+
+
+def _masked_mean(x, mask):
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+
+class RLUpdate:
+    """``update(state, batch) -> (state, metrics)`` for one RL step; compiled once per shape.
+
+    Metrics: ``loss``, ``tokens``, ``grad_norm`` (mean over mini-batches), ``lr`` (last update),
+    ``clip_low_frac``, ``clip_high_frac``, ``approx_kl`` (k3 KL(old || new)), ``ratio_mean``,
+    ``ratio_max``, ``entropy`` (of the policy before the update, nats/token),
+    ``logprob_mismatch/abs`` (mean |sampler - trainer| log-prob) and ``logprob_mismatch/kl``
+    (k3 estimate of KL(sampler || trainer) per token). Token means are over all loss tokens of
+    the step.
+    """
+
+    def __init__(self, model_config: ModelConfig, config: RLConfig,
+                 optimizer: optax.GradientTransformation, *, mesh: Mesh, param_specs: Any,
+                 params: Any):
+        self.model_config, self.config, self.mesh = model_config, config, mesh
+        self._fsdp = mesh.shape["fsdp"]
+        if config.micro_batch_size is not None and config.micro_batch_size % self._fsdp:
+            raise ValueError(f"rl.micro_batch_size={config.micro_batch_size} rows cannot be split "
+                             f"over fsdp={self._fsdp} devices")
+        self._rows = NamedSharding(mesh, batch_spec())
+        self._param_shardings = named_shardings(mesh, param_specs)
+        loss = functools.partial(rl_loss, model_config=model_config, config=config)
+        self._steps = {}  # micro-batches per update -> jitted train step
+        self._old_passes = {}  # row chunks -> jitted old log-prob pass
+        self._make_step = lambda micro: make_train_step(
+            loss, optimizer, micro_batches=micro, mesh=mesh, param_specs=param_specs, params=params)
+
+    def row_multiple(self) -> int:
+        """Row counts are padded up to a multiple of this (with rows that carry no loss token)."""
+        per_update = self.config.micro_batch_size or self._fsdp
+        return self.config.mini_batches * per_update
+
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, float]]:
+        batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
+        rows = batch["tokens"].shape[0]
+        rows_per_update = rows // self.config.mini_batches
+        micro = rows_per_update // (self.config.micro_batch_size or rows_per_update)
+        shifted = jax.device_put(_shift(batch), self._rows)
+
+        chunks = micro * self.config.mini_batches
+        if chunks not in self._old_passes:
+            self._old_passes[chunks] = self._old_pass(chunks)
+        old_logp, stats = self._old_passes[chunks](state.params, shifted)
+        if micro not in self._steps:
+            self._steps[micro] = self._make_step(micro)
+        step_fn = self._steps[micro]
+        per_update = []
+        for j in range(self.config.mini_batches):
+            rows_j = np.arange(j, rows, self.config.mini_batches)  # strided: balanced over devices
+            mb = {k: v[rows_j] for k, v in shifted.items() if k != "sampler_logp"}
+            mb["old_logp"] = old_logp[rows_j]
+            state, metrics = step_fn(state, jax.device_put(mb, self._rows))
+            per_update.append(jax.device_get(metrics))
+        return state, _combine(per_update) | {k: float(v) for k, v in jax.device_get(stats).items()}
+
+    def _old_pass(self, chunks: int):
+        def run(params, shifted):
+            logp, entropy = _old_logprobs(params, shifted, model_config=self.model_config,
+                                          config=self.config, chunks=chunks)
+            mask = shifted["mask"]
+            gap = jnp.where(mask, logp - shifted["sampler_logp"], 0.0)  # log(p_trainer / p_sampler)
+            stats = {"entropy": _masked_mean(entropy, mask),
+                     "logprob_mismatch/abs": _masked_mean(jnp.abs(gap), mask),
+                     "logprob_mismatch/kl": _masked_mean(jnp.exp(gap) - gap - 1.0, mask)}
+            return logp, stats
+
+        return jax.jit(run, in_shardings=(self._param_shardings, self._rows),
+                       out_shardings=(self._rows, NamedSharding(self.mesh, P())))
+
+    def _check_and_pad(self, batch: dict) -> dict:
+        rows, seq = batch["tokens"].shape
+        for k in ("attention_mask", "loss_mask", "sampler_logp"):
+            if batch[k].shape != (rows, seq):
+                raise ValueError(f"{k} must be [rows, seq] = {(rows, seq)}, got {batch[k].shape}")
+        if batch["advantages"].shape != (rows,):
+            raise ValueError(f"advantages must be [rows] = ({rows},), got {batch['advantages'].shape}")
+        if not batch["loss_mask"][:, 1:].any():
+            raise ValueError("the batch has no generated token to train on")
+        if np.any(batch["loss_mask"].astype(bool) & ~batch["attention_mask"].astype(bool)):
+            raise ValueError("loss_mask marks padding tokens (attention_mask 0)")
+        pad = -rows % self.row_multiple()
+        # Padding rows attend to themselves (an all-zero attention row would give NaN logits,
+        # and NaN * 0 is NaN in the backward pass) but carry no loss token.
+        fill = {"tokens": 0, "attention_mask": 1, "loss_mask": 0, "advantages": 0.0, "sampler_logp": 0.0}
+        return {k: np.concatenate([v, np.full((pad, *v.shape[1:]), fill[k], v.dtype)])
+                for k, v in batch.items()}
+
+
+def _combine(per_update: list[dict]) -> dict[str, float]:
+    """Token-weighted means over the mini-batch updates; grad norm averaged, lr of the last."""
+    tokens = np.array([m["tokens"] for m in per_update], np.float64)
+    total = max(tokens.sum(), 1.0)
+    out = {"tokens": float(tokens.sum()), "lr": float(per_update[-1]["lr"]),
+           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update])),
+           "ratio_max": float(max(m["ratio_max"] for m in per_update))}
+    for k in ("loss", "clip_low_frac", "clip_high_frac", "approx_kl", "ratio_mean"):
+        out[k] = float(sum(m[k] * t for m, t in zip(per_update, tokens)) / total)
+    return out
