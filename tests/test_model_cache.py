@@ -88,3 +88,16 @@ def test_copied_prompt_rows_continue_like_their_own_prefill():
 
     full = forward(params, config, jnp.asarray(np.concatenate([np.tile(prompt, (3, 1)), continuations], 1)))
     assert np.abs(np.asarray(logits) - np.asarray(full[:, 7:])).max() <= TOL
+
+
+@pytest.mark.parametrize("model_dtype, cache_dtype", [("float32", "bfloat16"), ("bfloat16", "float32")])
+def test_cache_in_another_dtype_than_the_model(model_dtype, cache_dtype):
+    config, params = tiny_random_model("qwen3", dtype=model_dtype)
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (2, 6)), jnp.int32)
+    cache = init_cache(config, 2, 8, dtype=jnp.dtype(cache_dtype))
+
+    logits, cache = forward_cached(params, config, tokens, cache)
+
+    assert cache.k.dtype == jnp.dtype(cache_dtype) and logits.dtype == jnp.float32
+    # bf16 on either side keeps ~3 significant digits; the tiny model's logits are O(1).
+    np.testing.assert_allclose(logits, forward(params, config, tokens), atol=0.05)

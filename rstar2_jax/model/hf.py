@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -90,19 +91,23 @@ _PER_LAYER = (
 )
 
 
-def _tensor_map(config: ModelConfig):
-    """Yields (our key, its shape, layout, [HF names]) for every param of this config.
+class _Entry(NamedTuple):
+    key: str  # our param name; under params["layers"] when `stacked`
+    stacked: bool
+    shape: tuple[int, ...]  # of one HF tensor's counterpart (one layer's slice when stacked)
+    layout: _Linear | _Flat | _Same
+    hf_names: list[str]  # one per layer when stacked
 
-    Top-level params have one HF name; a stacked layer param has one per layer.
-    """
+
+def _tensor_map(config: ModelConfig) -> list[_Entry]:
+    """The HF tensors behind every param of this config, in table order."""
     shapes = param_shapes(config)
-    for hf_name, key, layout in _TOP_LEVEL:
-        if key in shapes:
-            yield key, shapes[key], layout, [hf_name]
-    for hf_name, key, layout in _PER_LAYER:
-        if key in shapes["layers"]:
-            yield ("layers", key), shapes["layers"][key], layout, [
-                hf_name.format(i=i) for i in range(config.num_layers)]
+    entries = [_Entry(key, False, shapes[key], layout, [hf_name])
+               for hf_name, key, layout in _TOP_LEVEL if key in shapes]
+    entries += [_Entry(key, True, shapes["layers"][key][1:], layout,
+                       [hf_name.format(i=i) for i in range(config.num_layers)])
+                for hf_name, key, layout in _PER_LAYER if key in shapes["layers"]]
+    return entries
 
 
 def load_hf(path, dtype=jnp.float32) -> tuple[ModelConfig, dict]:
@@ -114,39 +119,35 @@ def load_hf(path, dtype=jnp.float32) -> tuple[ModelConfig, dict]:
     path = Path(path)
     config = ModelConfig.from_hf_dict(json.loads((path / "config.json").read_text()),
                                       dtype=jnp.dtype(dtype).name)
+    entries = _tensor_map(config)
     files = _tensor_files(path)
-    np_dtype = np.dtype(config.jnp_dtype)
-    missing = []
-    params = {"layers": {}}
-    with contextlib.ExitStack() as stack:
-        handles = {f: stack.enter_context(safe_open(path / f, framework="np"))
-                   for f in set(files.values())}
-        for key, shape, layout, hf_names in _tensor_map(config):
-            absent = [n for n in hf_names if n not in files]
-            if absent:
-                missing += absent
-                continue
-            one_shape = shape[1:] if isinstance(key, tuple) else shape
-            arrays = []
-            for name in hf_names:
-                a = handles[files[name]].get_tensor(name)
-                if a.shape != layout.hf_shape(one_shape):
-                    raise ValueError(f"tensor {name!r} has shape {a.shape} in {path}, but config.json "
-                                     f"implies {layout.hf_shape(one_shape)}")
-                arrays.append(layout.to_ours(a, one_shape).astype(np_dtype))
-            if isinstance(key, tuple):
-                params["layers"][key[1]] = jnp.asarray(np.stack(arrays))
-            else:
-                params[key] = jnp.asarray(arrays[0])
+    expected = [name for e in entries for name in e.hf_names]
+    missing = [name for name in expected if name not in files]
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} tensor(s) the config needs: "
                          f"{', '.join(missing[:10])}")
-    expected = {n for *_, names in _tensor_map(config) for n in names}
     # Tied checkpoints may still store a copy of the embedding as the output head.
-    unexpected = sorted(set(files) - expected - ({"lm_head.weight"} if config.tie_embeddings else set()))
+    unexpected = sorted(set(files) - set(expected) - ({"lm_head.weight"} if config.tie_embeddings else set()))
     if unexpected:
         raise ValueError(f"checkpoint {path} has tensor(s) this model does not use (an unsupported "
                          f"feature?): {', '.join(unexpected[:10])}")
+
+    with contextlib.ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(path / f, framework="np")) for f in set(files.values())}
+
+        def read(name: str, e: _Entry) -> np.ndarray:
+            a = handles[files[name]].get_tensor(name)
+            if a.shape != e.layout.hf_shape(e.shape):
+                raise ValueError(f"tensor {name!r} has shape {a.shape} in {path}, but config.json "
+                                 f"implies {e.layout.hf_shape(e.shape)}")
+            return e.layout.to_ours(a, e.shape).astype(config.jnp_dtype)
+
+        params = {"layers": {}}
+        for e in entries:
+            if e.stacked:
+                params["layers"][e.key] = jnp.asarray(np.stack([read(n, e) for n in e.hf_names]))
+            else:
+                params[e.key] = jnp.asarray(read(e.hf_names[0], e))
     return config, params
 
 
@@ -155,13 +156,11 @@ def save_hf(path, config: ModelConfig, params: dict) -> None:
     path = Path(path)
     _check_structure(config, params)
     tensors = {}
-    for key, _, layout, hf_names in _tensor_map(config):
-        array = np.asarray(jax.device_get(params[key[0]][key[1]] if isinstance(key, tuple) else params[key]))
-        if isinstance(key, tuple):
-            for i, name in enumerate(hf_names):
-                tensors[name] = np.ascontiguousarray(layout.to_hf(array[i]))
-        else:
-            tensors[hf_names[0]] = np.ascontiguousarray(layout.to_hf(array))
+    for e in _tensor_map(config):
+        array = np.asarray(jax.device_get(params["layers"][e.key] if e.stacked else params[e.key]))
+        layer_arrays = list(array) if e.stacked else [array]
+        for name, a in zip(e.hf_names, layer_arrays, strict=True):
+            tensors[name] = np.ascontiguousarray(e.layout.to_hf(a))
     path.mkdir(parents=True, exist_ok=True)
     # transformers refuses safetensors files without a framework tag.
     safetensors.numpy.save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})

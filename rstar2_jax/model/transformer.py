@@ -74,7 +74,8 @@ def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Ar
     k = apply_rope(k, positions, config.rope_theta)
     if kv is not None:
         kv = write_kv(kv, k, v)
-        k, v = kv
+        # The cache may be stored in another dtype than the model computes in.
+        k, v = kv[0].astype(q.dtype), kv[1].astype(q.dtype)
     x = x + jnp.einsum("bthd,hde->bte", attention(q, k, v, mask), p["o"])
 
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
@@ -83,8 +84,8 @@ def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Ar
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                 mask: jax.Array, kv: LayerKV | None = None, write_kv: KVWriter | None = None,
-                 remat: bool = False):
+                mask: jax.Array, kv: LayerKV | None = None, write_kv: KVWriter | None = None,
+                remat: bool = False):
     """Embeds tokens [B, T] and runs all layers: returns final-normed hidden [B, T, E] and cache.
 
     `kv` is the stacked cache `(k, v)`, each [L, B, S, K, D], or None for no cache; `mask`
