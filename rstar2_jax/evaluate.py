@@ -70,7 +70,7 @@ class SampleRecord:
 
 def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem], *,
              samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
-             ks: Sequence[int] = (1,)) -> tuple[EvalReport, list[SampleRecord]]:
+             ks: Sequence[int] = (1,), seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
     """Samples every problem `samples` times and scores each sample.
 
     Args:
@@ -81,6 +81,7 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
       samples: samples per problem (paper: 16).
       fmt: the chat format the policy was trained with.
       ks: the k of each pass@k to report (each <= samples).
+      seed: sampling seed.
     """
     if samples < 1 or any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"need samples >= 1 and every k in 1..samples; got {samples}, {ks}")
@@ -91,7 +92,7 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
         futures[traj.prompt_index, traj.sample_index] = verifier.submit(
             traj.response_text, problems[traj.prompt_index].answer)
 
-    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score)
+    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
     rewards = np.zeros((len(problems), samples))
     records = []
     for t in trajs:

@@ -48,11 +48,16 @@ def test_greedy_matches_transformers_generate(checkpoint):
         assert g.tokens == want
 
 
-def test_continuous_batching_gives_the_same_greedy_tokens(checkpoint):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuous_batching_gives_the_same_tokens(checkpoint, temperature):
     _, config, params = checkpoint
-    full = generate(params, config, PROMPTS, 12)
-    refilled = generate(params, config, PROMPTS, 12, num_slots=2, chunk=5)
+    full = generate(params, config, PROMPTS, 12, temperature=temperature, seed=4)
+    refilled = generate(params, config, PROMPTS, 12, temperature=temperature, seed=4,
+                        num_slots=2, chunk=5)
     assert [g.tokens for g in refilled] == [g.tokens for g in full]
+    if temperature:
+        other_seed = generate(params, config, PROMPTS, 12, temperature=temperature, seed=5)
+        assert [g.tokens for g in other_seed] != [g.tokens for g in full]
 
 
 def test_sampler_logprobs_match_the_forward(checkpoint):

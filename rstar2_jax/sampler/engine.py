@@ -29,6 +29,12 @@ from rstar2_jax.model import KVCache, ModelConfig, forward_cached, init_cache
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 
+def sequence_keys(seed: int, count: int) -> np.ndarray:
+    """Raw PRNG keys `uint32[count, 2]` of sequences 0..count-1 of a sampling call."""
+    return np.asarray(jax.vmap(jax.random.fold_in, (None, 0))(
+        jax.random.PRNGKey(seed), jnp.arange(count)))
+
+
 def bucket(n: int, minimum: int = 8) -> int:
     """Smallest power of two >= max(n, minimum)."""
     size = minimum
@@ -45,6 +51,8 @@ class SlotState:
     pending: jax.Array  # [slots] int32: next token to feed, not yet in the cache
     active: jax.Array  # [slots] bool: row is generating
     budget: jax.Array  # [slots] int32: tokens the row may still generate before it must stop
+    keys: jax.Array  # [slots, 2] uint32: the row's sequence key; token n is drawn with
+    #                  fold_in(key, n), so a sequence's samples do not depend on scheduling
 
 
 @flax.struct.dataclass
@@ -59,8 +67,8 @@ class ChunkOutput:
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "chunk", "forward_fn"),
                    donate_argnums=(1,))
-def decode_chunk(params, state: SlotState, key, stop_ids, min_stops, *, config, sampling, chunk,
-                  forward_fn):
+def decode_chunk(params, state: SlotState, stop_ids, min_stops, *, config, sampling, chunk,
+                 forward_fn):
     num_slots = state.pending.shape[0]
     rows = jnp.arange(num_slots)
     out = ChunkOutput(
@@ -71,18 +79,19 @@ def decode_chunk(params, state: SlotState, key, stop_ids, min_stops, *, config, 
     )
 
     def cond(carry):
-        step, state, out, _ = carry
+        step, state, out = carry
         return (step < chunk) & jnp.any(state.active) & (jnp.sum(out.stopped) < min_stops)
 
     def body(carry):
-        step, state, out, key = carry
-        key, sub = jax.random.split(key)
+        step, state, out = carry
         live = state.active
+        # Keyed by the position of the token being drawn (cache length after this write).
+        keys = jax.vmap(jax.random.fold_in)(state.keys, state.cache.lengths + 1)
         logits, cache = forward_fn(
             params, config, state.pending[:, None], state.cache,
             num_new=live.astype(jnp.int32), last_only=True,
         )
-        token, logp = sample_tokens(sub, logits, sampling)
+        token, logp = sample_tokens(keys, logits, sampling)
         index = jnp.where(live, out.count, chunk)  # out of range -> dropped
         out = ChunkOutput(
             tokens=out.tokens.at[rows, index].set(token, mode="drop"),
@@ -93,16 +102,16 @@ def decode_chunk(params, state: SlotState, key, stop_ids, min_stops, *, config, 
         budget = state.budget - live
         stop = live & (jnp.isin(token, stop_ids) | (budget <= 0))
         out = out.replace(stopped=out.stopped | stop)
-        state = SlotState(
+        state = state.replace(
             cache=cache,
             pending=jnp.where(live, token, state.pending),
             active=live & ~stop,
             budget=budget,
         )
-        return step + 1, state, out, key
+        return step + 1, state, out
 
-    _, state, out, key = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out, key))
-    return state, out, key
+    _, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
+    return state, out
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forward_fn"), donate_argnums=(1,))
@@ -114,7 +123,7 @@ def prefill_stage(params, stage: KVCache, tokens, num_new, reset, *, config, for
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
-def admit(state: SlotState, stage: KVCache, src, dst, pending, budget):
+def admit(state: SlotState, stage: KVCache, src, dst, pending, budget, keys):
     """Copies staged prompt rows `src` into slots `dst` (out-of-range dst entries are padding)."""
     stage_len = stage.k.shape[2]
     cache = state.cache
@@ -128,6 +137,7 @@ def admit(state: SlotState, stage: KVCache, src, dst, pending, budget):
         pending=state.pending.at[dst].set(pending, mode="drop"),
         active=state.active.at[dst].set(True, mode="drop"),
         budget=state.budget.at[dst].set(budget, mode="drop"),
+        keys=state.keys.at[dst].set(keys, mode="drop"),
     )
 
 
@@ -138,7 +148,7 @@ def extend(params, state: SlotState, tokens, num_new, pending, budget, resume, *
     _, cache = forward_fn(
         params, config, tokens, state.cache, num_new=jnp.where(resume, num_new, 0), last_only=True
     )
-    return SlotState(
+    return state.replace(
         cache=cache,
         pending=jnp.where(resume, pending, state.pending),
         active=state.active | resume,
@@ -159,14 +169,13 @@ class Engine:
       stop_tokens: ids that end a row's turn (e.g. `<|im_end|>`, eos).
       chunk: decode steps per device call at most.
       stage_rows: prompts that can be staged at once (each is copied to its samples' slots).
-      seed: PRNG seed.
       forward_fn: the cached forward, `forward_cached` of the model by default; tests pass a
         scripted policy with the same signature.
     """
 
     def __init__(
         self, params, config: ModelConfig, *, num_slots: int, max_len: int, max_prompt_len: int,
-        sampling: SamplingParams, stop_tokens, chunk: int = 64, stage_rows: int = 8, seed: int = 0,
+        sampling: SamplingParams, stop_tokens, chunk: int = 64, stage_rows: int = 8,
         forward_fn=forward_cached,
     ):
         if not stop_tokens:
@@ -182,12 +191,12 @@ class Engine:
         self.chunk = chunk
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
         self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
-        self.key = jax.random.PRNGKey(seed)
         self.state = SlotState(
             cache=init_cache(config, num_slots, max_len),
             pending=jnp.zeros((num_slots,), jnp.int32),
             active=jnp.zeros((num_slots,), bool),
             budget=jnp.zeros((num_slots,), jnp.int32),
+            keys=jnp.zeros((num_slots, 2), jnp.uint32),
         )
         self.stage = init_cache(config, stage_rows, self.stage_len)
         self.sampling = sampling
@@ -216,12 +225,13 @@ class Engine:
                                    config=self.config, forward_fn=self.forward_fn)
         self.prompts_prefilled += len(prompts)
 
-    def admit(self, pairs: list[tuple[int, int, int, int]]) -> None:
+    def admit(self, pairs: list[tuple[int, int, int, int, np.ndarray]]) -> None:
         """Starts rows from staged prompts.
 
         Args:
-          pairs: `(stage_row, slot, last_prompt_token, budget)` per new row; `budget` is the
-            number of tokens the row may generate and must fit the cache.
+          pairs: `(stage_row, slot, last_prompt_token, budget, key)` per new row; `budget` is
+            the number of tokens the row may generate and must fit the cache; `key` (raw
+            `uint32[2]` PRNG key) seeds the row's draws.
         """
         if not pairs:
             return
@@ -230,15 +240,16 @@ class Engine:
         dst = np.full((n,), self.num_slots, np.int32)  # padding: dropped
         pending = np.zeros((n,), np.int32)
         budget = np.zeros((n,), np.int32)
-        for i, (row, slot, last, b) in enumerate(pairs):
-            src[i], dst[i], pending[i], budget[i] = row, slot, last, b
-        self.state = admit(self.state, self.stage, src, dst, pending, budget)
+        keys = np.zeros((n, 2), np.uint32)
+        for i, (row, slot, last, b, key) in enumerate(pairs):
+            src[i], dst[i], pending[i], budget[i], keys[i] = row, slot, last, b, key
+        self.state = admit(self.state, self.stage, src, dst, pending, budget, keys)
 
     def decode(self, min_stops: int | None = None) -> ChunkOutput:
         """Runs up to `chunk` decode steps; returns the host copy of what was generated."""
         min_stops = self.num_slots if min_stops is None else min_stops
-        self.state, out, self.key = decode_chunk(
-            self.params, self.state, self.key, self.stop_ids, jnp.int32(min_stops),
+        self.state, out = decode_chunk(
+            self.params, self.state, self.stop_ids, jnp.int32(min_stops),
             config=self.config, sampling=self.sampling, chunk=self.chunk,
             forward_fn=self.forward_fn,
         )

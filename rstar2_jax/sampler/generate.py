@@ -5,7 +5,7 @@ import collections
 import dataclasses
 
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.sampler.engine import Engine, bucket
+from rstar2_jax.sampler.engine import Engine, bucket, sequence_keys
 from rstar2_jax.sampler.sampling import SamplingParams
 
 # A token id no tokenizer produces: lets "no stop tokens" share the stop-token code path.
@@ -34,7 +34,8 @@ def generate(
       max_new_tokens: generation budget per prompt.
       temperature, top_p, top_k: see `SamplingParams` (temperature 0 = greedy).
       stop_tokens: ids that end a continuation (kept as its last token).
-      seed: PRNG seed.
+      seed: PRNG seed; prompt i draws from its own key, so results do not depend on
+        `num_slots` or `chunk`.
       num_slots: rows decoded together (default: all prompts, rounded up to a power of two);
         with fewer slots than prompts, finished rows are refilled with the next prompt.
       chunk: decode steps per device call.
@@ -54,8 +55,9 @@ def generate(
         params, config, num_slots=slots, max_len=bucket(max_prompt) + max_new_tokens,
         max_prompt_len=max_prompt, sampling=SamplingParams(temperature, top_p, top_k),
         stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk,
-        stage_rows=min(slots, 8), seed=seed,
+        stage_rows=min(slots, 8),
     )
+    keys = sequence_keys(seed, len(prompts))
     stop_set = set(stop_tokens)
     queue = collections.deque(range(len(prompts)))
     owner: list[int | None] = [None] * slots  # prompt index decoded by each slot
@@ -69,7 +71,7 @@ def generate(
             starting.append((free.pop(0), queue.popleft()))
         if starting:
             engine.stage_prompts(list(range(len(starting))), [prompts[i] for _, i in starting])
-            engine.admit([(row, slot, prompts[i][-1], max_new_tokens)
+            engine.admit([(row, slot, prompts[i][-1], max_new_tokens, keys[i])
                           for row, (slot, i) in enumerate(starting)])
             for slot, i in starting:
                 owner[slot] = i

@@ -25,7 +25,7 @@ from typing import Callable
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward_cached
-from rstar2_jax.sampler.engine import Engine
+from rstar2_jax.sampler.engine import Engine, sequence_keys
 from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sandbox import render_result
 
@@ -151,18 +151,16 @@ class AgentSampler:
         `SandboxPool`).
       rollout: limits and sizes.
       sampling: token selection (the paper trains at temperature 1.0, evaluates at 0.6).
-      seed: PRNG seed.
       forward_fn: the cached forward (the model's by default; tests pass a scripted policy).
     """
 
     def __init__(self, config: ModelConfig, tokenizer, executor, rollout: RolloutConfig,
-                 sampling: SamplingParams, seed: int = 0, forward_fn=forward_cached):
+                 sampling: SamplingParams, forward_fn=forward_cached):
         self.config = config
         self.tokenizer = tokenizer
         self.executor = executor
         self.cfg = rollout
         self.sampling = sampling
-        self.seed = seed
         self.forward_fn = forward_fn
         self.im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
         stops = {self.im_end}
@@ -177,19 +175,21 @@ class AgentSampler:
                 params, self.config, num_slots=self.cfg.num_slots,
                 max_len=self.cfg.max_prompt_tokens + self.cfg.max_response_tokens,
                 max_prompt_len=self.cfg.max_prompt_tokens, sampling=self.sampling,
-                stop_tokens=self.stop_tokens, chunk=self.cfg.chunk, seed=self.seed,
+                stop_tokens=self.stop_tokens, chunk=self.cfg.chunk,
                 forward_fn=self.forward_fn,
             )
         self._engine.set_params(params)
         return self._engine
 
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
-                on_finish: Callable[[Trajectory], None] | None = None,
+                on_finish: Callable[[Trajectory], None] | None = None, seed: int = 0,
                 ) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
 
         `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
-        it while the other rows are still decoding).
+        it while the other rows are still decoding). Trajectory `p * samples_per_prompt + s`
+        draws from its own key derived from `seed`, so the samples do not depend on slot
+        scheduling or tool timing: the same params, prompts and seed give the same tokens.
 
         Returns the trajectories ordered by (prompt, sample) and timing statistics.
         """
@@ -198,6 +198,8 @@ class AgentSampler:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens; must be 1..{self.cfg.max_prompt_tokens}")
         engine = self._get_engine(params)
+        self._keys = sequence_keys(seed, len(prompts) * samples_per_prompt)
+        self._samples = samples_per_prompt
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
@@ -259,8 +261,8 @@ class AgentSampler:
             starting.append((staged[p], free.pop(0), p, s))
             remaining[p] -= 1
         engine.stage_prompts(list(new.values()), [prompts[p] for p in new])
-        engine.admit([(row, slot, prompts[p][-1], self.cfg.max_response_tokens)
-                      for row, slot, p, _ in starting])
+        engine.admit([(row, slot, prompts[p][-1], self.cfg.max_response_tokens,
+                       self._keys[p * self._samples + s]) for row, slot, p, s in starting])
         # A staging row is released only after admit() has copied it.
         for p in [p for p in staged if remaining[p] == 0]:
             del staged[p]

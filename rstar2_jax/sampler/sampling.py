@@ -55,12 +55,13 @@ def _truncate(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
 
 
 def sample_tokens(
-    key: jax.Array, logits: jax.Array, params: SamplingParams
+    keys: jax.Array, logits: jax.Array, params: SamplingParams
 ) -> tuple[jax.Array, jax.Array]:
     """Picks one token per row.
 
     Args:
-      key: PRNG key.
+      keys: `[batch]` PRNG keys (raw `uint32[batch, 2]`), one per row, so that a row's draw does
+        not depend on which other rows share the batch.
       logits: `[batch, vocab]` float32.
       params: static sampling settings.
 
@@ -76,6 +77,7 @@ def sample_tokens(
         scaled = logits
     else:
         scaled = logits / params.temperature
-        tokens = jax.random.categorical(key, _truncate(scaled, params.top_k, params.top_p))
+        truncated = _truncate(scaled, params.top_k, params.top_p)
+        tokens = jax.vmap(jax.random.categorical)(keys, truncated)
     logp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)
     return tokens.astype(jnp.int32), logp[:, 0]
