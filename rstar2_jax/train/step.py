@@ -60,12 +60,16 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation, *,
     return TrainState(params, opt_state, jax.device_put(jnp.asarray(step, jnp.int32), shardings.step))
 
 
-def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batches: int):
+def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batches: int,
+                         grad_shardings: Any = None):
     """Gradient of the token mean of ``loss_fn`` over ``batch``, in ``micro_batches`` passes.
 
     Micro-batch i takes rows i, i + n, i + 2n, ... (n = micro_batches). Striding rather than
     slicing keeps every micro-batch spread over all data-parallel devices: a contiguous slice of
     a row-sharded batch would live on only a few of them.
+
+    ``grad_shardings`` (NamedShardings like the params) pins the float32 gradient accumulator
+    to the params' layout; left to itself the compiler may replicate it on every device.
 
     Returns:
       (mean_grads float32 like params, loss_sum [], token_count [], metric_sums dict of []).
@@ -90,12 +94,15 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
     def body(carry, mb):
         grads, loss_sum, count, metrics = carry
         g, (l, c, m) = grad_fn(params, mb)
-        grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        grads = constrain(jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g))
         metrics = {k: jnp.maximum(metrics[k], m[k]) if k.endswith("_max") else metrics[k] + m[k]
                    for k in metrics}
         return (grads, loss_sum + l, count + c, metrics), None
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    def constrain(tree):
+        return tree if grad_shardings is None else jax.lax.with_sharding_constraint(tree, grad_shardings)
+
+    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
     first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
     metric_zeros = {k: jnp.full(m.shape, -jnp.inf if k.endswith("_max") else 0.0, jnp.float32)
                     for k, m in jax.eval_shape(loss_fn, params, first)[2].items()}
@@ -123,10 +130,15 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     Rows are split over "fsdp" on a mesh, so the row count must be a multiple of
     ``micro_batches`` times the fsdp size (pad with all-masked rows).
     """
+    if mesh is not None and (param_specs is None or params is None):
+        raise ValueError("a sharded train step needs param_specs and params (or their shapes)")
+
+    shardings = None if mesh is None else state_shardings(optimizer, params, mesh, param_specs)
 
     def step(state: TrainState, batch: dict):
         grads, loss_sum, count, metric_sums = accumulate_gradients(
-            loss_fn, state.params, batch, micro_batches)
+            loss_fn, state.params, batch, micro_batches,
+            None if shardings is None else shardings.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         denom = jnp.maximum(count, 1.0)
@@ -138,8 +150,5 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
 
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
-    if param_specs is None or params is None:
-        raise ValueError("a sharded train step needs param_specs and params (or their shapes)")
-    shardings = state_shardings(optimizer, params, mesh, param_specs)
     return jax.jit(step, in_shardings=(shardings, NamedSharding(mesh, batch_spec())),
                    out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=0)
