@@ -1,0 +1,21 @@
+"""The command line: config errors name the key and exit 2; the demo placeholder still runs."""
+from pathlib import Path
+
+from rstar2_jax.cli import main
+
+SFT_YAML = Path(__file__).resolve().parents[1] / "experiments" / "paper" / "sft.yaml"
+
+
+def test_bad_override_exits_2_naming_the_key(capsys):
+    assert main(["sft", "--config", str(SFT_YAML), "optimizer.lrr=1e-5"]) == 2
+    assert "optimizer.lrr" in capsys.readouterr().err
+
+
+def test_bad_value_in_scale_plan_names_the_key(capsys):
+    assert main(["scale-plan", "model=gpt-5"]) == 2
+    assert "'model'" in capsys.readouterr().err
+
+
+def test_demo_runs(capsys):
+    assert main(["demo"]) == 0
+    assert "rstar2-jax installed" in capsys.readouterr().out
