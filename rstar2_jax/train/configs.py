@@ -135,7 +135,7 @@ class RLConfig:
     questions_per_step: int = 512
     rollouts_per_question: int = 32
     group_size: int = 16
-    roc_rule: Literal["paper", "released"] = "paper"
+    roc_rule: Literal["paper", "released", "none"] = "paper"  # "none": plain GRPO, keep all
     eps_low: float = 0.2
     eps_high: float = 0.28
     temperature: float = 1.0
@@ -151,6 +151,10 @@ class RLConfig:
         _check(1 <= self.group_size <= self.rollouts_per_question,
                f"rl.group_size must be in [1, rl.rollouts_per_question={self.rollouts_per_question}], "
                f"got {self.group_size}")
+        _check(self.roc_rule == "none" or self.rollouts_per_question == 2 * self.group_size,
+               f"RoC keeps G of 2G rollouts: rl.rollouts_per_question "
+               f"({self.rollouts_per_question}) must be 2 * rl.group_size ({self.group_size}) "
+               f"unless rl.roc_rule=none")
         _check(0 < self.eps_low < 1, f"rl.eps_low must be in (0, 1), got {self.eps_low}")
         _check(self.eps_high > 0, f"rl.eps_high must be > 0, got {self.eps_high}")
         _check(self.temperature > 0, f"rl.temperature must be > 0, got {self.temperature}")
@@ -158,6 +162,33 @@ class RLConfig:
         _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
                f"rl.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _check(self.logprob_chunk >= 1, f"rl.logprob_chunk must be >= 1, got {self.logprob_chunk}")
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How rollouts run: decode slots, tool execution and verification workers.
+
+    ``tool_response_chars`` and ``show_tool_time`` shape the tool output the model reads; they
+    must match what the SFT data showed it (rStar2: 1000 characters per stream, time shown).
+    """
+
+    num_slots: int = 64
+    chunk: int = 64
+    tool_response_chars: int = 1024
+    show_tool_time: bool = True
+    tool_timeout_s: float = 4.0
+    sandbox_workers: int | None = None  # None: one per core
+    verifier_workers: int = 1
+    verifier_timeout_s: float = 4.0
+
+    def __post_init__(self):
+        _check(self.num_slots >= 1, f"rollout.num_slots must be >= 1, got {self.num_slots}")
+        _check(self.chunk >= 1, f"rollout.chunk must be >= 1, got {self.chunk}")
+        _check(self.tool_response_chars >= 64,
+               f"rollout.tool_response_chars must be >= 64, got {self.tool_response_chars}")
+        _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        _check(self.verifier_workers >= 1,
+               f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
 
 
 @dataclass(frozen=True)
@@ -203,6 +234,7 @@ class RLJobConfig:
     run_dir: str = MISSING
     seed: int = 0
     rl: RLConfig = field(default_factory=RLConfig)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
     stage: StageConfig = MISSING
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

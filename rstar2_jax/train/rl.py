@@ -1,0 +1,162 @@
+"""The GRPO-RoC training loop: rollouts, rewards, selection, update, repeated.
+
+One RL step, for `questions_per_step` questions (DESIGN.md §3-4):
+
+    rollouts      2G per question through the agentic sampler (tools run while rows decode)
+    rewards       each finished rollout is scored by the verifier pool at once (overlapping
+                  the rollouts still running); a truncated rollout scores 0
+    selection     drop questions whose 2G rewards are all equal, RoC down to G, advantages
+    update        old log-probs by the training forward, clipped token-mean loss, optax
+
+The sampler reads the updated params directly: same process, no weight copy. Everything random
+(question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
+run repeats the uninterrupted one.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rstar2_jax import chat
+from rstar2_jax.data.datasets import Problem, load_problems
+from rstar2_jax.rewards import VerifierPool
+from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams, Trajectory
+from rstar2_jax.sandbox import SandboxPool
+from rstar2_jax.train.configs import RLJobConfig
+from rstar2_jax.train.rl_data import make_batch, rollout_metrics, select_rollouts
+from rstar2_jax.train.rl_update import RLUpdate
+from rstar2_jax.train.run import start_run
+from rstar2_jax.train.sft import CHAT_FORMATS
+from rstar2_jax.train.step import TrainState
+
+log = logging.getLogger(__name__)
+
+
+def question_batch(num_problems: int, per_step: int, step: int, seed: int) -> np.ndarray:
+    """Problem indices of RL step `step` (0-based): consecutive slices of a seeded permutation per
+    epoch, so the data position is just the step number."""
+    if per_step > num_problems:
+        raise ValueError(f"questions_per_step={per_step} exceeds the {num_problems} problems")
+    per_epoch = num_problems // per_step
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_problems)
+    return order[index * per_step:(index + 1) * per_step]
+
+
+def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
+                   prompts: list[list[int]], samples: int, seed: int):
+    """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
+
+    Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
+    last rollout finished).
+    """
+    futures: dict[tuple[int, int], concurrent.futures.Future] = {}
+
+    def score(t: Trajectory) -> None:
+        if not t.truncated:  # a truncated rollout has no trustworthy final answer: reward 0
+            futures[t.prompt_index, t.sample_index] = verifier.submit(
+                t.response_text, problems[t.prompt_index].answer)
+
+    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
+    start = time.perf_counter()
+    rewards = np.zeros((len(prompts), samples), np.float32)
+    for (p, s), future in futures.items():
+        rewards[p, s] = future.result()
+    return trajs, rewards, stats, time.perf_counter() - start
+
+
+@dataclasses.dataclass
+class RLLoop:
+    """The parts one RL step needs; `step` runs one and returns its metrics."""
+
+    config: RLJobConfig
+    tokenizer: object
+    fmt: chat.ChatFormat
+    problems: list[Problem]
+    sampler: AgentSampler
+    verifier: VerifierPool
+    update: RLUpdate
+    pad_id: int
+
+    def step(self, state: TrainState, step: int, rng: jax.Array) -> tuple[TrainState, dict]:
+        rl = self.config.rl
+        indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
+        problems = [self.problems[i] for i in indices]
+        prompts = [chat.encode_prompt(self.tokenizer, p.question, self.fmt) for p in problems]
+        step_key = jax.random.fold_in(rng, step)
+        rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
+        trajs, rewards, stats, reward_wait = score_rollouts(
+            self.sampler, self.verifier, state.params, problems, prompts,
+            rl.rollouts_per_question, rollout_seed)
+        selection = select_rollouts(jax.random.fold_in(step_key, 1), rewards, trajs,
+                                    rl.group_size, rl.roc_rule)
+        metrics = rollout_metrics(trajs, rewards, selection) | {
+            "time/rollout_s": stats.wall_s, "time/tool_wait_s": stats.tool_wait_s,
+            "time/reward_wait_s": reward_wait,
+            "perf/rollout_tokens_per_s": stats.tokens_per_s}
+        start = time.perf_counter()
+        if selection.kept.size:
+            batch = make_batch(trajs, selection, pad_id=self.pad_id)
+            state, update_metrics = self.update(state, batch)
+            metrics |= update_metrics
+        else:
+            log.info("step %d: every question had equal rewards; no update", step + 1)
+        metrics["time/update_s"] = time.perf_counter() - start
+        metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
+        # One RL step may take several optimizer updates (mini-batches) or none; the train
+        # state's step counts RL steps, the optimizer keeps its own count for the schedule.
+        state = state._replace(step=jax.device_put(jnp.asarray(step + 1, jnp.int32),
+                                                   state.step.sharding))
+        return state, metrics
+
+
+def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None = None,
+           progress: bool = True) -> TrainState:
+    """Runs one RL stage (`config.stage`), resuming from `run_dir` when it has a checkpoint.
+
+    `on_step(step, metrics)` is called after each step is logged. Returns the final state.
+    """
+    from transformers import AutoTokenizer  # heavy; only the entry points need it
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
+    problems = load_problems(config.stage.dataset)
+    run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
+                    total_steps=config.stage.steps, job_config=config, seed=config.seed,
+                    mesh=config.mesh, checkpoint=config.checkpoint,
+                    init_from=config.stage.init_from,
+                    reset_optimizer=config.stage.reset_optimizer, progress=progress)
+    ro = config.rollout
+    try:
+        with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
+                VerifierPool(num_workers=ro.verifier_workers,
+                             timeout_s=ro.verifier_timeout_s) as verifier:
+            sampler = AgentSampler(
+                run.model_config, tokenizer, pool,
+                RolloutConfig(max_turns=config.stage.max_turns,
+                              max_response_tokens=config.stage.max_response_tokens,
+                              max_prompt_tokens=config.rl.max_prompt_tokens,
+                              tool_response_chars=ro.tool_response_chars,
+                              show_tool_time=ro.show_tool_time, num_slots=ro.num_slots,
+                              chunk=ro.chunk),
+                SamplingParams(temperature=config.rl.temperature))
+            loop = RLLoop(
+                config=config, tokenizer=tokenizer, fmt=CHAT_FORMATS[config.model.chat_format],
+                problems=problems, sampler=sampler, verifier=verifier,
+                update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
+                                param_specs=run.param_specs, params=run.state.params),
+                pad_id=tokenizer.pad_token_id or 0)
+            for step in range(run.step, run.end_step):
+                state, metrics = loop.step(run.state, step, run.rng)
+                run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
+                if on_step is not None:
+                    on_step(run.step, metrics)
+        return run.state
+    finally:
+        run.close()
