@@ -22,7 +22,8 @@ def test_paper_defaults():
 def test_yaml_then_overrides_in_order(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("optimizer:\n  lr: 3.0e-6\n  schedule: cosine\nrl:\n  group_size: 8\n")
-    cfg = load_config(RLJobConfig, path, REQUIRED_RL + ["rl.group_size=4", "rl.group_size=2"])
+    cfg = load_config(RLJobConfig, path, REQUIRED_RL + ["rl.group_size=4", "rl.group_size=2",
+                                                        "rl.rollouts_per_question=4"])
     assert cfg.optimizer.lr == 3e-6 and cfg.optimizer.schedule == "cosine"
     assert cfg.rl.group_size == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -35,6 +36,7 @@ def test_yaml_then_overrides_in_order(tmp_path):
     ("optimizer.schedule=linear", "optimizer.schedule"),
     ("optimizer.lr=-1", "optimizer.lr"),
     ("rl.group_size=64", "rl.group_size"),
+    ("rl.group_size=8", "rl.rollouts_per_question"),
     ("nonsense", "nonsense"),
 ])
 def test_bad_override_names_the_key(override, named):
