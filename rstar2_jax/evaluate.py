@@ -2,7 +2,8 @@
 
 The paper's protocol (§5.1): 16 samples per problem at temperature 0.6, average pass@1, up to 30
 turns. `evaluate` runs any `AgentSampler` (its sampling settings and limits are the protocol) and
-scores every sample with the verifier pool; `write_samples` keeps one JSONL line per sample.
+scores every sample with the verifier pool; `write_samples` keeps one JSONL line per sample;
+`run_eval` does it all from an `EvalConfig`; `hard_subset` keeps the problems not solved k/k.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.sampler import AgentSampler, Trajectory
+from rstar2_jax.train.configs import EvalConfig
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -117,6 +119,46 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
         truncation_rate=float(np.mean([t.truncated for t in trajs])),
         wall_s=stats.wall_s)
     return report, records
+
+
+def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
+    """`evaluate` with the policy, data and limits of an `EvalConfig`."""
+    from transformers import AutoTokenizer  # heavy; only the entry points need it
+
+    from rstar2_jax.data.datasets import load_problems
+    from rstar2_jax.model import load_hf
+    from rstar2_jax.rewards import VerifierPool
+    from rstar2_jax.sampler import RolloutConfig, SamplingParams
+    from rstar2_jax.sandbox import SandboxPool
+    from rstar2_jax.train.sft import CHAT_FORMATS
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
+    model_config, params = load_hf(config.model.path)
+    problems = load_problems(config.dataset)[: config.limit]
+    ro = config.rollout
+    with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
+            VerifierPool(num_workers=ro.verifier_workers, timeout_s=ro.verifier_timeout_s) as verifier:
+        sampler = AgentSampler(
+            model_config, tokenizer, pool,
+            RolloutConfig(max_turns=config.max_turns,
+                          max_response_tokens=config.max_response_tokens,
+                          max_prompt_tokens=config.max_prompt_tokens,
+                          tool_response_chars=ro.tool_response_chars,
+                          show_tool_time=ro.show_tool_time, num_slots=ro.num_slots,
+                          chunk=ro.chunk),
+            SamplingParams(temperature=config.temperature))
+        report, records = evaluate(sampler, params, verifier, problems, samples=config.samples,
+                                   fmt=CHAT_FORMATS[config.model.chat_format],
+                                   ks=sorted({1, config.samples}), seed=config.seed)
+    return report, records
+
+
+def hard_subset(problems: Sequence[Problem], records: Sequence[SampleRecord]) -> list[Problem]:
+    """The problems not solved by every one of their samples (paper §4.3, stage 3 data)."""
+    solved: dict[int, list[float]] = {}
+    for r in records:
+        solved.setdefault(r.problem, []).append(r.reward)
+    return [p for i, p in enumerate(problems) if not all(solved.get(i, [0.0]))]
 
 
 def write_samples(path: str | os.PathLike, records: Sequence[SampleRecord]) -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.data.tokenizer import build_tokenizer
-from rstar2_jax.evaluate import evaluate, pass_at_k, write_samples
+from rstar2_jax.evaluate import SampleRecord, evaluate, hard_subset, pass_at_k, write_samples
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
@@ -71,3 +71,13 @@ def test_evaluate_scores_every_sample(tmp_path):
     write_samples(tmp_path / "samples.jsonl", records)
     lines = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 6 and lines[0]["tool_calls"][0]["status"] == "ok"
+
+
+def test_hard_subset_drops_problems_solved_by_every_sample():
+    problems = [Problem(f"q{i}", "1") for i in range(3)]
+
+    def record(problem, reward):
+        return SampleRecord(problem, 0, "", "", reward, "answer", 1, [], "")
+
+    records = [record(0, 1.0), record(0, 1.0), record(1, 1.0), record(1, 0.0), record(2, 0.0)]
+    assert hard_subset(problems, records) == problems[1:]

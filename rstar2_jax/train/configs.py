@@ -192,6 +192,35 @@ class RolloutSettings:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Agentic sampling of a problem set with a fixed policy (a Hugging Face directory).
+
+    Used by ``eval`` (average pass@1 and pass@k over ``samples`` samples per problem; the paper:
+    16 samples, temperature 0.6, up to 30 turns and 30K tokens) and by ``hard-subset`` (the
+    problems the policy does not solve ``samples``/``samples``; the paper: 8 samples of the
+    step-385 policy). ``output`` is the per-sample JSONL (eval) or the kept problems (hard-subset).
+    """
+
+    model: ModelSource = field(default_factory=ModelSource)
+    dataset: str = MISSING
+    output: str = MISSING
+    samples: int = 16
+    temperature: float = 0.6
+    max_turns: int = 30
+    max_response_tokens: int = 30720
+    max_prompt_tokens: int = 2048
+    limit: int | None = None  # evaluate the first `limit` problems only
+    seed: int = 0
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+
+    def __post_init__(self):
+        _check(self.samples >= 1, f"samples must be >= 1, got {self.samples}")
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}")
+        _check(self.limit is None or self.limit >= 1, f"limit must be >= 1, got {self.limit}")
+
+
+@dataclass(frozen=True)
 class StageConfig:
     """One stage of the staged RL recipe (paper §4.3).
 
