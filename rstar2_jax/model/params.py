@@ -65,7 +65,10 @@ def param_shapes(config: ModelConfig) -> dict:
 
 @functools.partial(jax.jit, static_argnames="config")
 def init_params(config: ModelConfig, key: jax.Array) -> dict:
-    """Random params: normal(0, 0.02) weights, unit norm scales, zero biases."""
+    """Random params: normal(0, 0.02) weights, unit norm scales, zero biases.
+
+    For tests and toy models: it draws all weights at once, so it needs twice the params' memory.
+    """
     path_shapes, treedef = jax.tree_util.tree_flatten_with_path(
         param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
     sizes = [math.prod(shape) for _, shape in path_shapes]
