@@ -1,5 +1,4 @@
 """KV-cache decoding reproduces the full causal forward at every position."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
