@@ -1,0 +1,94 @@
+"""Decode throughput: our sampler next to transformers `generate`, same weights, same run.
+
+    python experiments/benchmarks/bench_decode.py [--new-tokens 128] [--repeats 3]
+
+The model is the ~30M-parameter Qwen3 config of the issues (hidden 512, intermediate 2048,
+8 layers, 8 heads, 4 KV heads, head_dim 64, vocab 4096, tied embeddings) with random weights,
+written as a Hugging Face checkpoint and loaded by both sides. Both decode greedily for a fixed
+number of new tokens (no early stop) from 32-token prompts; compile / warm-up runs are excluded
+and the median of the repeats is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+CONFIG = dict(vocab_size=4096, hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+              num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+              tie_word_embeddings=True, max_position_embeddings=4096)
+
+
+def write_checkpoint(path: str) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.Qwen3Config(**CONFIG), dtype=torch.float32)
+    model.save_pretrained(path)
+
+
+def time_ours(path, prompts, new_tokens, repeats):
+    from rstar2_jax.model import load_hf
+    from rstar2_jax.sampler import generate
+
+    config, params = load_hf(path)
+    generate(params, config, prompts, new_tokens)  # compile
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = generate(params, config, prompts, new_tokens)
+        times.append(time.perf_counter() - start)
+        assert all(len(g.tokens) == new_tokens for g in out)
+    return statistics.median(times)
+
+
+def time_transformers(path, prompts, new_tokens, repeats):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    ids = torch.as_tensor(np.asarray(prompts, np.int64))
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        model.generate(ids, **kwargs)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = model.generate(ids, **kwargs)
+            times.append(time.perf_counter() - start)
+            assert out.shape[1] == ids.shape[1] + new_tokens
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as path:
+        write_checkpoint(path)
+        print(f"{'batch':>5} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}")
+        for batch in args.batches:
+            prompts = rng.integers(1, CONFIG["vocab_size"], (batch, args.prompt_tokens)).tolist()
+            ours = time_ours(path, prompts, args.new_tokens, args.repeats)
+            theirs = time_transformers(path, prompts, args.new_tokens, args.repeats)
+            tokens = batch * args.new_tokens
+            print(f"{batch:>5} {tokens / ours:>11.0f} {tokens / theirs:>19.0f} "
+                  f"{theirs / ours:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
