@@ -1,0 +1,315 @@
+"""The main job: a CPU toy that learns tool use end to end, in minutes.
+
+    python -m rstar2_jax demo [out=runs/demo] [key=value ...]      # fields of DemoConfig
+
+Phases, in order, each timed (``<out>/`` holds everything it writes):
+
+    data      toy problems (train/test, disjoint), SFT demonstrations whose programs ran in the
+              real sandbox, and a tokenizer trained on them             data/
+    init      a random tiny Qwen3 in Hugging Face format                init_model/
+    sft       supervised fine-tuning from scratch on the demonstrations sft/, sft_model/
+    eval      held-out average pass@1 and pass@k of the SFT policy      eval_sft.jsonl
+    rl        GRPO-RoC from the SFT policy                              rl/
+    eval      the same evaluation of the RL policy                      eval_rl.jsonl
+    export    the final policy + tokenizer in Hugging Face format       final_model/
+    report    summary table (printed, summary.json) and training curves curves.png
+
+The demonstrations are deliberately imperfect (some answer from a mental estimate, some make a
+tool call that fails before the right one, see ``rstar2_jax.data.sft_data``), so the SFT policy
+is far from perfect and RL has something to improve: the summary compares the two policies on
+held-out problems. Running the job again with the same ``out`` resumes SFT and RL from their
+checkpoints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rstar2_jax.data.build import ToyDataConfig, build_toy_data
+from rstar2_jax.data.datasets import load_problems
+from rstar2_jax.data.toy import TOY_FORMAT
+from rstar2_jax.evaluate import EvalReport, evaluate, write_samples
+from rstar2_jax.train.configs import (
+    CheckpointConfig,
+    MeshConfig,
+    ModelSource,
+    OptimizerConfig,
+    RLConfig,
+    RLJobConfig,
+    RolloutSettings,
+    SFTConfig,
+    StageConfig,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToyModel:
+    """Shape of the from-scratch toy model: a Qwen3 (q/k RMSNorm, GQA, tied embeddings)."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything the main job does; the defaults are the toy run measured in docs/toy.md.
+
+    Attributes:
+      out: output directory.
+      seed: seeds the model init, SFT order, RL sampling and evaluation.
+      data: toy problems and demonstrations.
+      model: the toy model's shape.
+      sft_epochs, sft_batch_size, sft_seq_len, sft_optimizer: supervised fine-tuning.
+      rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering must
+        match ``data``'s, so that RL shows the model what SFT showed it).
+      max_turns, max_response_tokens: rollout limits, for RL and evaluation alike.
+      eval_problems, eval_samples, eval_temperature: the held-out evaluation (paper: 16 samples
+        at temperature 0.6); pass@1 is averaged over the samples, pass@k is unbiased.
+    """
+
+    out: str = "runs/demo"
+    seed: int = 0
+    data: ToyDataConfig = field(default_factory=lambda: ToyDataConfig(n_train=2000, n_test=100))
+    model: ToyModel = field(default_factory=ToyModel)
+    sft_epochs: int = 4
+    sft_batch_size: int = 16
+    sft_seq_len: int = 336
+    sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
+        lr=5e-3, schedule="cosine", warmup_steps=10, weight_decay=0.0))
+    rl: RLConfig = field(default_factory=lambda: RLConfig(
+        questions_per_step=16, rollouts_per_question=8, group_size=4, max_prompt_tokens=64))
+    rl_steps: int = 20
+    rl_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
+        lr=1e-3, warmup_steps=2, weight_decay=0.0))
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(
+        num_slots=64, chunk=32, show_tool_time=False, tool_timeout_s=2.0))
+    max_turns: int = 4
+    max_response_tokens: int = 320
+    eval_problems: int = 100
+    eval_samples: int = 8
+    eval_temperature: float = 0.6
+
+    def __post_init__(self):
+        if (self.rollout.tool_response_chars, self.rollout.show_tool_time) != (
+                self.data.tool_response_chars, self.data.show_tool_time):
+            raise ValueError(
+                "rollout.tool_response_chars/show_tool_time must equal data's "
+                f"({self.data.tool_response_chars}, {self.data.show_tool_time}): RL must render "
+                "tool output as the SFT demonstrations did")
+        if not 1 <= self.eval_problems <= self.data.n_test:
+            raise ValueError(f"eval_problems must be in 1..data.n_test={self.data.n_test}, "
+                             f"got {self.eval_problems}")
+        if self.eval_samples < 1 or self.rl_steps < 1 or self.sft_epochs < 1:
+            raise ValueError("eval_samples, rl_steps and sft_epochs must be >= 1")
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    """What the job measured: the evaluations of both policies and the wall time of each phase."""
+
+    sft: EvalReport
+    rl: EvalReport
+    seconds: dict[str, float]
+
+    @property
+    def gain(self) -> float:
+        """Average pass@1 after RL minus after SFT (absolute, as a fraction)."""
+        return self.rl.pass_at[1] - self.sft.pass_at[1]
+
+    def table(self) -> str:
+        """The summary as a fixed-width text table."""
+        k = max(self.sft.pass_at)
+        rows = [("avg pass@1", lambda r: f"{100 * r.pass_at[1]:.1f}%"),
+                (f"pass@{k}", lambda r: f"{100 * r.pass_at[k]:.1f}%"),
+                ("tool calls / sample", lambda r: f"{r.tool_calls_per_sample:.2f}"),
+                ("tool error rate", lambda r: f"{100 * r.tool_error_rate:.1f}%"),
+                ("response tokens", lambda r: f"{r.mean_response_tokens:.0f}"),
+                ("truncated", lambda r: f"{100 * r.truncation_rate:.1f}%")]
+        lines = [f"held-out: {self.sft.problems} problems x {self.sft.samples_per_problem} samples",
+                 f"{'':<22}{'after SFT':>12}{'after RL':>12}"]
+        lines += [f"{name:<22}{cell(self.sft):>12}{cell(self.rl):>12}" for name, cell in rows]
+        lines.append(f"RL gain in avg pass@1: {100 * self.gain:+.1f} points")
+        lines.append("wall time: " + ", ".join(f"{p} {s:.0f} s" for p, s in self.seconds.items()))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"after_sft": dataclasses.asdict(self.sft), "after_rl": dataclasses.asdict(self.rl),
+                "pass1_gain": self.gain, "seconds": self.seconds}
+
+
+def toy_model_config(shape: ToyModel, tokenizer):
+    """The ``ModelConfig`` of a toy model for ``tokenizer`` (its vocabulary and stop tokens)."""
+    from rstar2_jax import chat
+    from rstar2_jax.model import ModelConfig
+
+    im_end = chat.token_id(tokenizer, chat.IM_END)
+    return ModelConfig(
+        model_type="qwen3", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size, num_layers=shape.num_layers,
+        num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+        qk_norm=True, tie_embeddings=True, rope_theta=10_000.0, max_position_embeddings=1024,
+        eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id)
+
+
+def sft_config(cfg: DemoConfig, out: Path) -> SFTConfig:
+    return SFTConfig(
+        model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
+        data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=cfg.sft_seq_len,
+        batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed,
+        optimizer=cfg.sft_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
+        mesh=MeshConfig(fsdp=1))
+
+
+def rl_config(cfg: DemoConfig, out: Path, name: str) -> RLJobConfig:
+    return RLJobConfig(
+        model=ModelSource(path=str(out / "sft_model"), chat_format="toy"),
+        run_dir=str(out / name), seed=cfg.seed, rl=cfg.rl,
+        stage=StageConfig(name="toy", steps=cfg.rl_steps, dataset=str(out / "data" / "train.jsonl"),
+                          max_response_tokens=cfg.max_response_tokens, max_turns=cfg.max_turns),
+        optimizer=cfg.rl_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
+        mesh=MeshConfig(fsdp=1), rollout=cfg.rollout)
+
+
+def export_model(run_dir: Path, output: Path, tokenizer) -> None:
+    """The newest checkpoint of ``run_dir`` as a Hugging Face model directory with its tokenizer."""
+    from rstar2_jax.train.checkpoint import export_hf
+
+    export_hf(run_dir / "checkpoints", output)
+    tokenizer.save_pretrained(output)
+
+
+def train_sft_policy(cfg: DemoConfig, sandbox, *, progress: bool = True) -> None:
+    """Data, a random model and SFT from scratch: writes ``<out>/data`` and ``<out>/sft_model``."""
+    import jax
+    from transformers import AutoTokenizer
+
+    from rstar2_jax.model import init_params, save_hf
+    from rstar2_jax.train.sft import run_sft
+
+    out = Path(cfg.out)
+    build_toy_data(out / "data", cfg.data, sandbox)
+    tokenizer = AutoTokenizer.from_pretrained(out / "data" / "tokenizer")
+    model_config = toy_model_config(cfg.model, tokenizer)
+    save_hf(out / "init_model", model_config, init_params(model_config, jax.random.key(cfg.seed)))
+    tokenizer.save_pretrained(out / "init_model")
+    run_sft(sft_config(cfg, out), progress=progress)
+    export_model(out / "sft", out / "sft_model", tokenizer)
+
+
+def train_rl_policy(cfg: DemoConfig, name: str, *, progress: bool = True) -> Path:
+    """RL from ``<out>/sft_model`` in run directory ``<out>/<name>``; returns the exported
+    policy's directory ``<out>/<name>_model``."""
+    from transformers import AutoTokenizer
+
+    from rstar2_jax.train.rl import run_rl
+
+    out = Path(cfg.out)
+    run_rl(rl_config(cfg, out, name), progress=progress)
+    export_model(out / name, out / f"{name}_model", AutoTokenizer.from_pretrained(out / "sft_model"))
+    return out / f"{name}_model"
+
+
+class Evaluator:
+    """The held-out evaluation of DemoConfig (``eval_*`` fields, the RL rollout limits), with one
+    compiled sampler for every policy of the toy model's shape."""
+
+    def __init__(self, cfg: DemoConfig, sandbox, verifier):
+        from transformers import AutoTokenizer
+
+        from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+
+        out = Path(cfg.out)
+        tokenizer = AutoTokenizer.from_pretrained(out / "data" / "tokenizer")
+        self.cfg, self.verifier = cfg, verifier
+        self.problems = load_problems(out / "data" / "test.jsonl")[:cfg.eval_problems]
+        self.sampler = AgentSampler(
+            toy_model_config(cfg.model, tokenizer), tokenizer, sandbox,
+            RolloutConfig(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
+                          max_prompt_tokens=cfg.rl.max_prompt_tokens,
+                          tool_response_chars=cfg.rollout.tool_response_chars,
+                          show_tool_time=cfg.rollout.show_tool_time,
+                          num_slots=cfg.rollout.num_slots, chunk=cfg.rollout.chunk),
+            SamplingParams(temperature=cfg.eval_temperature))
+
+    def __call__(self, model_dir: Path, samples_path: Path) -> EvalReport:
+        """Evaluates the policy in ``model_dir``; one JSONL record per sample to ``samples_path``."""
+        from rstar2_jax.model import load_hf
+
+        model_config, params = load_hf(model_dir)
+        if model_config != self.sampler.config:
+            raise ValueError(f"{model_dir} holds a {model_config}, not the toy model {self.sampler.config}")
+        report, records = evaluate(self.sampler, params, self.verifier, self.problems,
+                                   samples=self.cfg.eval_samples, fmt=TOY_FORMAT,
+                                   ks=sorted({1, self.cfg.eval_samples}))
+        write_samples(samples_path, records)
+        return report
+
+
+def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSummary:
+    """Runs the main job (see the module docstring) and returns what it measured.
+
+    ``progress`` draws the SFT and RL progress bars and prints each phase as it starts and the
+    summary table at the end.
+    """
+    from rstar2_jax.plots import plot_curves
+    from rstar2_jax.rewards import VerifierPool
+    from rstar2_jax.sandbox import SandboxPool
+    from rstar2_jax.train.metrics import read_metrics
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+
+    def phase(name: str, what: str):
+        if progress:
+            print(f"[{time.perf_counter() - start:4.0f} s] {name}: {what}", flush=True)
+        return _Timer(seconds, name)
+
+    with SandboxPool(num_workers=cfg.rollout.sandbox_workers, timeout_s=cfg.rollout.tool_timeout_s) \
+            as sandbox, VerifierPool(num_workers=cfg.rollout.verifier_workers,
+                                     timeout_s=cfg.rollout.verifier_timeout_s) as verifier:
+        with phase("sft", f"toy data, a random model, supervised fine-tuning ({cfg.sft_epochs} epochs)"):
+            train_sft_policy(cfg, sandbox, progress=progress)
+        with phase("eval_sft", f"{cfg.eval_problems} held-out problems x {cfg.eval_samples} samples"):
+            evaluator = Evaluator(cfg, sandbox, verifier)
+            after_sft = evaluator(out / "sft_model", out / "eval_sft.jsonl")
+        if progress:
+            print(f"  after SFT: {after_sft.summary()}", flush=True)
+        with phase("rl", f"GRPO-RoC ({cfg.rl.roc_rule} rule), {cfg.rl_steps} steps"):
+            final = train_rl_policy(cfg, "rl", progress=progress)
+        with phase("eval_rl", "the same evaluation of the RL policy"):
+            after_rl = evaluator(final, out / "eval_rl.jsonl")
+        if progress:
+            print(f"  after RL:  {after_rl.summary()}", flush=True)
+    with phase("report", f"curves.png, summary.json; the final model is {final}"):
+        plot_curves({f"GRPO-RoC ({cfg.rl.roc_rule})": read_metrics(out / "rl")}, out / "curves.png")
+    seconds["total"] = time.perf_counter() - start
+    summary = DemoSummary(after_sft, after_rl, seconds)
+    (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    if progress:
+        print(summary.table(), flush=True)
+    return summary
+
+
+class _Timer:
+    """Adds the seconds spent inside the ``with`` block to ``seconds[name]``."""
+
+    def __init__(self, seconds: dict[str, float], name: str):
+        self.seconds, self.name = seconds, name
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.seconds[self.name] = time.perf_counter() - self.start
