@@ -8,6 +8,7 @@
     run.py         set-up / resume / init_from / log / save shared by every loop
     sft.py         supervised fine-tuning on chat-formatted JSONL
     rl_update.py   the RL optimizer update on a prepared batch of kept rollouts
-    rl.py          the RL loop (rollouts -> rewards -> filter -> RoC -> advantages -> update)
+    rl_data.py     scored rollouts -> training batch (equal-reward filter, RoC, advantages)
+    rl.py          the RL loop (rollouts -> rewards -> batch -> update)
     scale_plan.py  per-device memory of the RL step at scale, compiled without weights
 """
