@@ -111,6 +111,17 @@ class ChatFormat:
         )
 
 
+# The toy model learns the protocol from its demonstrations, not from instructions, so a
+# one-line system turn will do; it keeps toy trajectories around 100-250 tokens.
+TOY_FORMAT = ChatFormat(
+    system_prompt=f"Solve the problem. You may call the tool {TOOL_NAME}.",
+    user_template="{question}",
+)
+
+# The formats a config can name (`ModelSource.chat_format`).
+FORMATS = {"rstar2": ChatFormat(), "toy": TOY_FORMAT}
+
+
 class Tokenizer(Protocol):
     """The part of a Hugging Face tokenizer we use."""
 

@@ -4,6 +4,9 @@ Training jobs take a YAML config and ``key=value`` overrides, checked against th
 dataclass (``rstar2_jax.train.configs``); a bad key or value stops with a message naming it::
 
     python -m rstar2_jax sft --config experiments/paper/sft.yaml run_dir=runs/sft
+    python -m rstar2_jax rl --config experiments/paper/stage1.yaml
+    python -m rstar2_jax eval --config experiments/paper/eval_aime.yaml model.path=out/hf
+    python -m rstar2_jax hard-subset --config experiments/paper/stage3.yaml
     python -m rstar2_jax export runs/sft/checkpoints out/hf [--step 300]
     python -m rstar2_jax scale-plan model=qwen3-14b devices=64 tp=1
 
@@ -32,6 +35,38 @@ def _sft(args: argparse.Namespace) -> int:
 
     state = run_sft(load_config(SFTConfig, args.config, args.overrides))
     print(f"SFT finished at step {int(state.step)}")
+    return 0
+
+
+def _rl(args: argparse.Namespace) -> int:
+    from rstar2_jax.train.configs import RLJobConfig
+    from rstar2_jax.train.rl import run_rl
+
+    state = run_rl(load_config(RLJobConfig, args.config, args.overrides))
+    print(f"RL finished at step {int(state.step)}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rstar2_jax.evaluate import run_eval, write_samples
+    from rstar2_jax.train.configs import EvalConfig
+
+    config = load_config(EvalConfig, args.config, args.overrides)
+    report, records = run_eval(config)
+    write_samples(config.output, records)
+    print(report.summary())
+    print(f"per-sample trajectories: {config.output}")
+    return 0
+
+
+def _hard_subset(args: argparse.Namespace) -> int:
+    from rstar2_jax.evaluate import run_hard_subset
+    from rstar2_jax.train.configs import RLJobConfig
+
+    config = load_config(RLJobConfig, args.config, args.overrides)
+    kept, total = run_hard_subset(config)
+    print(f"kept {kept} of {total} problems (not solved {config.hard_subset.samples}/"
+          f"{config.hard_subset.samples}) in {config.hard_subset.output}")
     return 0
 
 
@@ -66,6 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     sft = sub.add_parser("sft", help="supervised fine-tuning on chat-formatted JSONL")
     _add_config_args(sft)
     sft.set_defaults(func=_sft)
+
+    rl = sub.add_parser("rl", help="one GRPO-RoC stage (rollouts, RoC, updates)")
+    _add_config_args(rl)
+    rl.set_defaults(func=_rl)
+
+    evaluation = sub.add_parser("eval", help="average pass@1 / pass@k of a policy on a problem set")
+    _add_config_args(evaluation)
+    evaluation.set_defaults(func=_eval)
+
+    hard = sub.add_parser("hard-subset", help="the problems a stage's starting policy does not "
+                                              "solve k/k (its hard_subset section)")
+    _add_config_args(hard)
+    hard.set_defaults(func=_hard_subset)
 
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model")
     export.add_argument("checkpoints", help="a run's checkpoints directory (<run_dir>/checkpoints)")

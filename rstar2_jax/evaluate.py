@@ -3,7 +3,8 @@
 The paper's protocol (§5.1): 16 samples per problem at temperature 0.6, average pass@1, up to 30
 turns. `evaluate` runs any `AgentSampler` (its sampling settings and limits are the protocol) and
 scores every sample with the verifier pool; `write_samples` keeps one JSONL line per sample;
-`run_eval` does it all from an `EvalConfig`; `hard_subset` keeps the problems not solved k/k.
+`run_eval` does it all from an `EvalConfig`; `run_hard_subset` keeps the problems a policy does
+not solve k/k (the paper's stage-3 data).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.sampler import AgentSampler, Trajectory
-from rstar2_jax.train.configs import EvalConfig
+from rstar2_jax.train.configs import EvalConfig, RLJobConfig, RolloutSettings
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -121,36 +122,81 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     return report, records
 
 
-def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
-    """`evaluate` with the policy, data and limits of an `EvalConfig`."""
-    from transformers import AutoTokenizer  # heavy; only the entry points need it
-
-    from rstar2_jax.data.datasets import load_problems
-    from rstar2_jax.model import load_hf
+def sample_problems(model_config, params, tokenizer, problems: Sequence[Problem], *,
+                    samples: int, temperature: float, max_turns: int, max_response_tokens: int,
+                    max_prompt_tokens: int, rollout: RolloutSettings, fmt: chat.ChatFormat,
+                    seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
+    """`evaluate` with its own sandbox and verifier pools, for the entry points."""
     from rstar2_jax.rewards import VerifierPool
     from rstar2_jax.sampler import RolloutConfig, SamplingParams
     from rstar2_jax.sandbox import SandboxPool
-    from rstar2_jax.train.sft import CHAT_FORMATS
 
-    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
-    model_config, params = load_hf(config.model.path)
-    problems = load_problems(config.dataset)[: config.limit]
-    ro = config.rollout
+    ro = rollout
     with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
             VerifierPool(num_workers=ro.verifier_workers, timeout_s=ro.verifier_timeout_s) as verifier:
         sampler = AgentSampler(
             model_config, tokenizer, pool,
-            RolloutConfig(max_turns=config.max_turns,
-                          max_response_tokens=config.max_response_tokens,
-                          max_prompt_tokens=config.max_prompt_tokens,
+            RolloutConfig(max_turns=max_turns, max_response_tokens=max_response_tokens,
+                          max_prompt_tokens=max_prompt_tokens,
                           tool_response_chars=ro.tool_response_chars,
                           show_tool_time=ro.show_tool_time, num_slots=ro.num_slots,
                           chunk=ro.chunk),
-            SamplingParams(temperature=config.temperature))
-        report, records = evaluate(sampler, params, verifier, problems, samples=config.samples,
-                                   fmt=CHAT_FORMATS[config.model.chat_format],
-                                   ks=sorted({1, config.samples}), seed=config.seed)
-    return report, records
+            SamplingParams(temperature=temperature))
+        return evaluate(sampler, params, verifier, problems, samples=samples, fmt=fmt,
+                        ks=sorted({1, samples}), seed=seed)
+
+
+def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
+    """`evaluate` with the policy (a Hugging Face directory), data and limits of an `EvalConfig`."""
+    from transformers import AutoTokenizer  # heavy; only the entry points need it
+
+    from rstar2_jax.data.datasets import load_problems
+    from rstar2_jax.model import load_hf
+
+    model_config, params = load_hf(config.model.path)
+    return sample_problems(
+        model_config, params, AutoTokenizer.from_pretrained(config.model.tokenizer_path),
+        load_problems(config.dataset)[: config.limit], samples=config.samples,
+        temperature=config.temperature, max_turns=config.max_turns,
+        max_response_tokens=config.max_response_tokens,
+        max_prompt_tokens=config.max_prompt_tokens, rollout=config.rollout,
+        fmt=chat.FORMATS[config.model.chat_format], seed=config.seed)
+
+
+def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
+    """Builds a stage's hard subset (paper §4.3): `hard_subset.samples` rollouts per problem of
+    `hard_subset.source` with the policy the stage starts from (the newest checkpoint of
+    `stage.init_from`, else `model.path`), at the stage's limits and the RL temperature; the
+    problems not solved every time are written to `hard_subset.output`.
+
+    Returns (problems kept, problems sampled).
+    """
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from rstar2_jax.data.datasets import load_problems, save_problems
+    from rstar2_jax.model import load_hf
+    from rstar2_jax.train.checkpoint import export_hf
+
+    if config.hard_subset is None:
+        raise ValueError("the config has no hard_subset section (source, output, samples)")
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = config.model.path
+        if config.stage.init_from is not None:
+            export_hf(f"{config.stage.init_from}/checkpoints", tmp)
+            policy = tmp
+        model_config, params = load_hf(policy)
+    problems = load_problems(config.hard_subset.source)
+    _, records = sample_problems(
+        model_config, params, AutoTokenizer.from_pretrained(config.model.tokenizer_path),
+        problems, samples=config.hard_subset.samples, temperature=config.rl.temperature,
+        max_turns=config.stage.max_turns, max_response_tokens=config.stage.max_response_tokens,
+        max_prompt_tokens=config.rl.max_prompt_tokens, rollout=config.rollout,
+        fmt=chat.FORMATS[config.model.chat_format], seed=config.seed)
+    kept = hard_subset(problems, records)
+    save_problems(config.hard_subset.output, kept)
+    return len(kept), len(problems)
 
 
 def hard_subset(problems: Sequence[Problem], records: Sequence[SampleRecord]) -> list[Problem]:

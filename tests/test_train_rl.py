@@ -14,7 +14,7 @@ from rstar2_jax.model import ModelConfig, init_params, save_hf
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.rl import question_batch, run_rl
-from rstar2_jax.train.sft import CHAT_FORMATS, run_sft
+from rstar2_jax.train.sft import run_sft
 
 # A synthetic task with answers 1 or 2 that a briefly fine-tuned tiny model half guesses:
 # rewards differ within groups, so there is a gradient.
@@ -33,7 +33,7 @@ def _conversation(p: Problem, tool: bool):
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("rl")
-    fmt = CHAT_FORMATS["toy"]
+    fmt = chat.FORMATS["toy"]
     conversations = [_conversation(p, tool=i % 2 == 0) for i, p in enumerate(PROBLEMS)]
     with open(d / "sft.jsonl", "w") as f:
         for c in conversations:

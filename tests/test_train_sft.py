@@ -18,7 +18,7 @@ from rstar2_jax.model import ModelConfig, init_params, save_hf
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.sft import CHAT_FORMATS, encode_examples, epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft import encode_examples, epoch_order, pad_batch, run_sft, sft_loss
 
 
 def _conversation(i):
@@ -36,7 +36,7 @@ def setup(tmp_path_factory):
     with open(d / "sft.jsonl", "w") as f:
         for c in conversations:
             f.write(json.dumps({"messages": c}) + "\n")
-    fmt = CHAT_FORMATS["toy"]
+    fmt = chat.FORMATS["toy"]
     corpus = [fmt.prompt_text(c[0]["content"]) for c in conversations]
     corpus += [m["content"] for c in conversations for m in c[1:]]
     tokenizer = build_tokenizer(corpus, vocab_size=300)
@@ -57,7 +57,7 @@ def _config(d, run):
 
 def test_loss_counts_only_assistant_tokens(setup):
     d, tokenizer, config = setup
-    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, CHAT_FORMATS["toy"], 256)[:1]
+    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, chat.FORMATS["toy"], 256)[:1]
     assert 0 < sum(mask) < len(ids)
     batch = {k: jnp.asarray(v) for k, v in pad_batch([(ids, mask)], 256, pad_id=0).items()}
     params = init_params(config, jax.random.key(1))
@@ -78,7 +78,7 @@ def test_loss_counts_only_assistant_tokens(setup):
 
 def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
     d, tokenizer, _ = setup
-    fmt = CHAT_FORMATS["toy"]
+    fmt = chat.FORMATS["toy"]
     with pytest.raises(ValueError, match="line 1: .* more than seq_len=50"):
         encode_examples(str(d / "sft.jsonl"), tokenizer, fmt, 50)
     bad = tmp_path / "bad.jsonl"

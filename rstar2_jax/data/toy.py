@@ -16,14 +16,7 @@ import math
 import random
 from typing import Callable, Sequence
 
-from rstar2_jax.chat import ChatFormat, TOOL_NAME
-
-# The toy model learns the protocol from its demonstrations, not from instructions, so a
-# one-line system turn will do; it keeps trajectories around 100-250 tokens.
-TOY_FORMAT = ChatFormat(
-    system_prompt=f"Solve the problem. You may call the tool {TOOL_NAME}.",
-    user_template="{question}",
-)
+from rstar2_jax.chat import TOY_FORMAT  # noqa: F401  (the toy's chat format, re-exported)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -186,7 +186,7 @@ class Engine:
         self.config = config
         self.num_slots = num_slots
         self.max_len = max_len
-        self.stage_len = bucket(max_prompt_len)
+        self.stage_len = max_prompt_len
         self.stage_rows = stage_rows
         self.chunk = chunk
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)

@@ -53,7 +53,7 @@ def generate(
     max_prompt = max(len(p) for p in prompts)
     engine = Engine(
         params, config, num_slots=slots, max_len=bucket(max_prompt) + max_new_tokens,
-        max_prompt_len=max_prompt, sampling=SamplingParams(temperature, top_p, top_k),
+        max_prompt_len=bucket(max_prompt), sampling=SamplingParams(temperature, top_p, top_k),
         stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk,
         stage_rows=min(slots, 8),
     )

@@ -33,7 +33,6 @@ from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import make_batch, rollout_metrics, select_rollouts
 from rstar2_jax.train.rl_update import RLUpdate
 from rstar2_jax.train.run import start_run
-from rstar2_jax.train.sft import CHAT_FORMATS
 from rstar2_jax.train.step import TrainState
 
 log = logging.getLogger(__name__)
@@ -147,7 +146,7 @@ def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None =
                               chunk=ro.chunk),
                 SamplingParams(temperature=config.rl.temperature))
             loop = RLLoop(
-                config=config, tokenizer=tokenizer, fmt=CHAT_FORMATS[config.model.chat_format],
+                config=config, tokenizer=tokenizer, fmt=chat.FORMATS[config.model.chat_format],
                 problems=problems, sampler=sampler, verifier=verifier,
                 update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
                                 param_specs=run.param_specs, params=run.state.params),

@@ -19,14 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
-from rstar2_jax.data.toy import TOY_FORMAT
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
 from rstar2_jax.train.run import device_batch, start_run
 from rstar2_jax.train.step import TrainState, make_train_step
-
-CHAT_FORMATS = {"rstar2": chat.ChatFormat(), "toy": TOY_FORMAT}
 
 
 def encode_examples(path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int) -> list[tuple[list[int], list[int]]]:
@@ -99,7 +96,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     from transformers import AutoTokenizer  # heavy; only SFT needs it
 
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
-    examples = encode_examples(config.data, tokenizer, CHAT_FORMATS[config.model.chat_format],
+    examples = encode_examples(config.data, tokenizer, chat.FORMATS[config.model.chat_format],
                                config.seq_len)
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
