@@ -22,10 +22,9 @@ from rstar2_jax.config import ConfigError, load_config
 
 
 def _demo(args: argparse.Namespace) -> int:
-    # Placeholder until the toy main job lands: proves the install works end to end.
-    import jax
+    from rstar2_jax.demo import DemoConfig, run_demo
 
-    print(f"rstar2-jax installed; jax {jax.__version__} on {jax.devices()}")
+    run_demo(load_config(DemoConfig, args.config, args.overrides))
     return 0
 
 
@@ -96,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rstar2_jax")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="the main job: a CPU toy that trains in minutes")
+    _add_config_args(demo)
     demo.set_defaults(func=_demo)
 
     sft = sub.add_parser("sft", help="supervised fine-tuning on chat-formatted JSONL")

@@ -1,4 +1,4 @@
-"""The command line: config errors name the key and exit 2; the demo placeholder still runs."""
+"""The command line: config errors name the key and exit 2."""
 from pathlib import Path
 
 from rstar2_jax.cli import main
@@ -16,6 +16,6 @@ def test_bad_value_in_scale_plan_names_the_key(capsys):
     assert "'model'" in capsys.readouterr().err
 
 
-def test_demo_runs(capsys):
-    assert main(["demo"]) == 0
-    assert "rstar2-jax installed" in capsys.readouterr().out
+def test_bad_demo_key_exits_2_naming_it(capsys):
+    assert main(["demo", "rl_stepz=3"]) == 2
+    assert "rl_stepz" in capsys.readouterr().err

@@ -1,0 +1,82 @@
+"""Agentic rollout throughput and how long the model waits on tools.
+
+    python -m rstar2_jax demo                       # once: writes runs/demo/sft_model
+    python experiments/benchmarks/bench_rollout.py [--policy runs/demo/sft_model]
+
+Runs the toy SFT policy (it calls the Python tool in most trajectories) on held-out toy problems
+with the real sandbox, at several slot counts, and prints generated tokens/s, tool calls, the
+mean tool latency and the fraction of rollout wall time during which no row could decode because
+every live row waited on a tool. Compilation is excluded (one warm-up rollout per setting);
+medians over repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from rstar2_jax import chat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", default="runs/demo/sft_model")
+    parser.add_argument("--problems", default="runs/demo/data/test.jsonl")
+    parser.add_argument("--slots", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if not Path(args.policy).exists():
+        raise SystemExit(f"{args.policy} not found: run `python -m rstar2_jax demo` first")
+
+    from transformers import AutoTokenizer
+
+    from rstar2_jax.data.datasets import load_problems
+    from rstar2_jax.model import load_hf
+    from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+    from rstar2_jax.sandbox import SandboxPool
+
+    tokenizer = AutoTokenizer.from_pretrained(args.policy)
+    config, params = load_hf(args.policy)
+    problems = load_problems(args.problems)[: args.questions]
+    prompts = [chat.encode_prompt(tokenizer, p.question, chat.TOY_FORMAT) for p in problems]
+
+    class TimedPool:
+        """Records each call's latency (submit to result)."""
+
+        def __init__(self, pool):
+            self.pool, self.latencies = pool, []
+
+        def submit(self, code, stdin=""):
+            start = time.perf_counter()
+            future = self.pool.submit(code, stdin)
+            future.add_done_callback(
+                lambda _: self.latencies.append(time.perf_counter() - start))
+            return future
+
+    print(f"{'slots':>5} {'tok/s':>7} {'calls':>6} {'tool ms':>8} {'tool wait':>10}")
+    with SandboxPool(timeout_s=4.0) as pool:
+        for slots in args.slots:
+            timed = TimedPool(pool)
+            sampler = AgentSampler(
+                config, tokenizer, timed,
+                RolloutConfig(max_turns=4, max_response_tokens=320, max_prompt_tokens=64,
+                              show_tool_time=False, num_slots=slots, chunk=32),
+                SamplingParams(temperature=1.0))
+            sampler.rollout(params, prompts, args.samples)  # compile
+            runs = []
+            for seed in range(args.repeats):
+                timed.latencies.clear()
+                _, stats = sampler.rollout(params, prompts, args.samples, seed=seed + 1)
+                runs.append((stats.tokens_per_s, stats.tool_calls,
+                             1000 * statistics.mean(timed.latencies or [0.0]),
+                             stats.tool_wait_fraction))
+            tok, calls, ms, wait = (statistics.median(x) for x in zip(*runs))
+            print(f"{slots:>5} {tok:>7.0f} {calls:>6.0f} {ms:>8.1f} {100 * wait:>9.1f}%",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
