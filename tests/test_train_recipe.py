@@ -74,3 +74,36 @@ def test_stages_chain_on_a_tiny_checkpoint(tmp_path):
     assert steps == [(0, 1, 1), (1, 2, 2), (2, 3, 3)]
     # Stage 2 continues the optimizer (its 2nd update); stage 3 resets it (a 1st update again).
     assert counts == [1, 2, 1]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_paper_stage_runs_one_rl_step(tmp_path, stage):
+    """The paper's stage configs, shrunk by overrides only, run one real RL step (rollouts in the
+    sandbox, rewards from the verifier) on a tiny random checkpoint."""
+    from rstar2_jax import chat
+    from rstar2_jax.data.datasets import Problem, save_problems
+    from rstar2_jax.data.tokenizer import build_tokenizer
+    from rstar2_jax.train.metrics import read_metrics
+    from rstar2_jax.train.rl import run_rl
+
+    problems = [Problem(f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
+    save_problems(tmp_path / "problems.jsonl", problems)
+    fmt = chat.FORMATS["rstar2"]
+    tokenizer = build_tokenizer([fmt.prompt_text(p.question) for p in problems] * 3, vocab_size=600)
+    model = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=16,
+                        intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                        head_dim=8, qk_norm=True)
+    save_hf(tmp_path / "model", model, init_params(model, jax.random.key(stage)))
+    tokenizer.save_pretrained(tmp_path / "model")
+    prompt_tokens = max(len(chat.encode_prompt(tokenizer, p.question, fmt)) for p in problems)
+    cfg = load_config(RLJobConfig, PAPER / f"stage{stage}.yaml", [
+        f"model.path={tmp_path / 'model'}", f"run_dir={tmp_path / 'run'}", "stage.init_from=null",
+        f"stage.dataset={tmp_path / 'problems.jsonl'}", "stage.steps=1",
+        "stage.max_response_tokens=16", "rl.questions_per_step=2", "rl.rollouts_per_question=4",
+        "rl.group_size=2", f"rl.max_prompt_tokens={prompt_tokens}", "rl.micro_batch_size=null",
+        "mesh.fsdp=1", "rollout.num_slots=8", "rollout.sandbox_workers=1"])
+    state = run_rl(cfg, progress=False)
+    assert int(state.step) == 1
+    (record,) = read_metrics(tmp_path / "run")
+    assert record["step"] == 1 and record["groups/total"] == 2
+    assert record["response/length_max"] <= 16
