@@ -88,16 +88,33 @@ class DemoConfig:
         lr=5e-3, schedule="cosine", warmup_steps=10, weight_decay=0.0))
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         questions_per_step=16, rollouts_per_question=8, group_size=4, max_prompt_tokens=64))
-    rl_steps: int = 20
+    rl_steps: int = 12
     rl_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=1e-3, warmup_steps=2, weight_decay=0.0))
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(
         num_slots=64, chunk=32, show_tool_time=False, tool_timeout_s=2.0))
     max_turns: int = 4
     max_response_tokens: int = 320
-    eval_problems: int = 100
+    eval_problems: int = 64
     eval_samples: int = 8
     eval_temperature: float = 0.6
+
+    @classmethod
+    def smoke(cls, out: str) -> DemoConfig:
+        """Tiny settings for tests and notebooks: every phase runs, in about a minute, and the
+        model learns next to nothing."""
+        return cls(
+            out=out, data=ToyDataConfig(n_train=64, n_test=8, n_sft=32, vocab_size=400),
+            model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                           num_kv_heads=1, head_dim=16),
+            sft_epochs=2, sft_batch_size=8, sft_seq_len=512,
+            sft_optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0),
+            rl=RLConfig(questions_per_step=4, rollouts_per_question=4, group_size=2,
+                        max_prompt_tokens=128),
+            rl_steps=2, rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
+            rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False,
+                                    tool_timeout_s=2.0, sandbox_workers=1),
+            max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
 
     def __post_init__(self):
         if (self.rollout.tool_response_chars, self.rollout.show_tool_time) != (

@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+# A bare Figure draws to files without pyplot, so neither needs a display nor changes the backend
+# of a notebook that imports this module.
+from matplotlib.figure import Figure
 
 # (metric key written by the RL loop, panel title): the curves of paper Fig. 4 and §4.3.
 RL_PANELS: tuple[tuple[str, str], ...] = (
@@ -53,7 +52,8 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], path: str | os.PathLike,
         raise ValueError("need at least one run and one panel")
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 3.6 * rows), squeeze=False)
+    fig = Figure(figsize=(6 * columns, 3.6 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
     for ax, (key, title) in zip(axes.flat, panels):
         if not any(key in r for records in runs.values() for r in records):
             raise ValueError(f"no run logged the metric {key!r}")
@@ -73,4 +73,3 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], path: str | os.PathLike,
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -8,42 +8,23 @@ import transformers
 
 from rstar2_jax import chat
 from rstar2_jax.config import ConfigError, load_config
-from rstar2_jax.data.build import ToyDataConfig
 from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.data.toy import TOY_FORMAT
-from rstar2_jax.demo import DemoConfig, ToyModel, run_demo
+from rstar2_jax.demo import DemoConfig, run_demo
 from rstar2_jax.model import load_hf
 from rstar2_jax.sampler import generate
-from rstar2_jax.train.configs import OptimizerConfig, RLConfig, RolloutSettings
 from rstar2_jax.train.metrics import read_metrics
-
-
-def _tiny(out) -> DemoConfig:
-    return DemoConfig(
-        out=str(out),
-        data=ToyDataConfig(n_train=64, n_test=8, n_sft=32, vocab_size=400),
-        model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                       num_kv_heads=1, head_dim=16),
-        sft_epochs=2, sft_batch_size=8, sft_seq_len=512,
-        sft_optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0),
-        rl=RLConfig(questions_per_step=4, rollouts_per_question=4, group_size=2,
-                    max_prompt_tokens=128),
-        rl_steps=2,
-        rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
-        rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False, tool_timeout_s=2.0,
-                                sandbox_workers=1),
-        max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    cfg = _tiny(tmp_path_factory.mktemp("demo"))
+    cfg = DemoConfig.smoke(str(tmp_path_factory.mktemp("demo")))
     return cfg, run_demo(cfg, progress=False)
 
 
 def test_short_main_job_runs_end_to_end(demo):
     cfg, summary = demo
-    out = tmp = cfg.out
+    out = cfg.out
     for report in (summary.sft, summary.rl):
         assert report.problems == 4 and report.samples_per_problem == 2
         assert set(report.pass_at) == {1, 2} and 0.0 <= report.pass_at[1] <= report.pass_at[2] <= 1.0
@@ -52,7 +33,7 @@ def test_short_main_job_runs_end_to_end(demo):
     assert {"sft", "eval_sft", "rl", "eval_rl", "report", "total"} <= summary.seconds.keys()
     assert [r["step"] for r in read_metrics(f"{out}/rl")] == [1, 2]
     for name in ("eval_sft", "eval_rl"):
-        records = [json.loads(line) for line in open(f"{tmp}/{name}.jsonl")]
+        records = [json.loads(line) for line in open(f"{out}/{name}.jsonl")]
         assert len(records) == 4 * 2 and {"question", "answer", "reward", "tool_calls"} <= records[0].keys()
     saved = json.loads(open(f"{out}/summary.json").read())
     assert saved["pass1_gain"] == pytest.approx(summary.gain)
