@@ -128,7 +128,7 @@ def sample_problems(model_config, params, tokenizer, problems: Sequence[Problem]
                     seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
     """`evaluate` with its own sandbox and verifier pools, for the entry points."""
     from rstar2_jax.rewards import VerifierPool
-    from rstar2_jax.sampler import RolloutConfig, SamplingParams
+    from rstar2_jax.sampler import SamplingParams
     from rstar2_jax.sandbox import SandboxPool
 
     ro = rollout
@@ -136,11 +136,8 @@ def sample_problems(model_config, params, tokenizer, problems: Sequence[Problem]
             VerifierPool(num_workers=ro.verifier_workers, timeout_s=ro.verifier_timeout_s) as verifier:
         sampler = AgentSampler(
             model_config, tokenizer, pool,
-            RolloutConfig(max_turns=max_turns, max_response_tokens=max_response_tokens,
-                          max_prompt_tokens=max_prompt_tokens,
-                          tool_response_chars=ro.tool_response_chars,
-                          show_tool_time=ro.show_tool_time, num_slots=ro.num_slots,
-                          chunk=ro.chunk),
+            ro.sampler_config(max_turns=max_turns, max_response_tokens=max_response_tokens,
+                              max_prompt_tokens=max_prompt_tokens),
             SamplingParams(temperature=temperature))
         return evaluate(sampler, params, verifier, problems, samples=samples, fmt=fmt,
                         ks=sorted({1, samples}), seed=seed)

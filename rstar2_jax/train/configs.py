@@ -190,6 +190,16 @@ class RolloutSettings:
         _check(self.verifier_workers >= 1,
                f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
 
+    def sampler_config(self, *, max_turns: int, max_response_tokens: int, max_prompt_tokens: int):
+        """The `rstar2_jax.sampler.RolloutConfig` of these settings with a job's limits."""
+        from rstar2_jax.sampler import RolloutConfig
+
+        return RolloutConfig(max_turns=max_turns, max_response_tokens=max_response_tokens,
+                             max_prompt_tokens=max_prompt_tokens,
+                             tool_response_chars=self.tool_response_chars,
+                             show_tool_time=self.show_tool_time, num_slots=self.num_slots,
+                             chunk=self.chunk)
+
 
 @dataclass(frozen=True)
 class EvalConfig:

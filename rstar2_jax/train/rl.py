@@ -27,7 +27,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.rewards import VerifierPool
-from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams, Trajectory
+from rstar2_jax.sampler import AgentSampler, SamplingParams, Trajectory
 from rstar2_jax.sandbox import SandboxPool
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import make_batch, rollout_metrics, select_rollouts
@@ -138,12 +138,9 @@ def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None =
                              timeout_s=ro.verifier_timeout_s) as verifier:
             sampler = AgentSampler(
                 run.model_config, tokenizer, pool,
-                RolloutConfig(max_turns=config.stage.max_turns,
-                              max_response_tokens=config.stage.max_response_tokens,
-                              max_prompt_tokens=config.rl.max_prompt_tokens,
-                              tool_response_chars=ro.tool_response_chars,
-                              show_tool_time=ro.show_tool_time, num_slots=ro.num_slots,
-                              chunk=ro.chunk),
+                ro.sampler_config(max_turns=config.stage.max_turns,
+                                  max_response_tokens=config.stage.max_response_tokens,
+                                  max_prompt_tokens=config.rl.max_prompt_tokens),
                 SamplingParams(temperature=config.rl.temperature))
             loop = RLLoop(
                 config=config, tokenizer=tokenizer, fmt=chat.FORMATS[config.model.chat_format],
