@@ -175,3 +175,14 @@ def test_samples_of_a_prompt_share_one_prefill(tokenizer, pool):
     assert sampler._engine.prompts_prefilled == 2  # one per prompt, 8 samples on 3 slots
     for t in trajs:
         check_layout(tokenizer, t, SCRIPTS[[2, 5][t.prompt_index]])
+
+
+def test_every_free_slot_is_filled_before_decoding(tokenizer, pool):
+    # 12 single-sample prompts on 12 slots: more prompts than one prefill stages (8), yet all
+    # rows decode together, so the whole batch takes as many decode calls as one trajectory.
+    sampler, params, markers = make_sampler(tokenizer, pool, num_slots=12)
+    trajs, _ = sampler.rollout(params, prompts_for(tokenizer, markers, [2] * 12))
+    assert sampler._engine.stage_rows < 12
+    turn = len(expected_turn_ids(tokenizer, SCRIPTS[2][0]))
+    assert sampler._engine.decode_calls == -(-turn // sampler.cfg.chunk)
+    assert [t.finish_reason for t in trajs] == ["answer"] * 12

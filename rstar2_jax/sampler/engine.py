@@ -190,6 +190,7 @@ class Engine:
         self.stage_rows = stage_rows
         self.chunk = chunk
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
+        self.decode_calls = 0
         self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
         self.state = SlotState(
             cache=init_cache(config, num_slots, max_len),
@@ -248,6 +249,7 @@ class Engine:
     def decode(self, min_stops: int | None = None) -> ChunkOutput:
         """Runs up to `chunk` decode steps; returns the host copy of what was generated."""
         min_stops = self.num_slots if min_stops is None else min_stops
+        self.decode_calls += 1
         self.state, out = decode_chunk(
             self.params, self.state, self.stop_ids, jnp.int32(min_stops),
             config=self.config, sampling=self.sampling, chunk=self.chunk,

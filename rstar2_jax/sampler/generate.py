@@ -66,10 +66,10 @@ def generate(
     reasons: list[str] = [""] * len(prompts)
     while queue or any(o is not None for o in owner):
         free = [s for s in range(slots) if owner[s] is None]
-        starting = []
-        while free and queue and len(starting) < engine.stage_rows:
-            starting.append((free.pop(0), queue.popleft()))
-        if starting:
+        while free and queue:  # fill every free slot, `stage_rows` prompts per prefill
+            starting = []
+            while free and queue and len(starting) < engine.stage_rows:
+                starting.append((free.pop(0), queue.popleft()))
             engine.stage_prompts(list(range(len(starting))), [prompts[i] for _, i in starting])
             engine.admit([(row, slot, prompts[i][-1], max_new_tokens, keys[i])
                           for row, (slot, i) in enumerate(starting)])

@@ -245,6 +245,13 @@ class AgentSampler:
         return done, stats
 
     def _admit(self, engine, prompts, queue, remaining, staged, rows) -> None:
+        """Fills free slots from the queue, `stage_rows` new prompts per prefill."""
+        while queue and None in rows and self._admit_some(engine, prompts, queue, remaining,
+                                                          staged, rows):
+            pass
+
+    def _admit_some(self, engine, prompts, queue, remaining, staged, rows) -> bool:
+        """One prefill of new prompts and their admission; returns whether a row started."""
         free = [s for s, r in enumerate(rows) if r is None]
         busy = set(staged.values())
         new: dict[int, int] = {}  # prompt -> staging row, prefilled in one call below
@@ -268,6 +275,7 @@ class AgentSampler:
             del staged[p]
         for _, slot, p, s in starting:
             rows[slot] = _Row(Trajectory(p, s, list(prompts[p])))
+        return bool(starting)
 
     def _end_turn(self, row: _Row) -> bool:
         """Handles a row that stopped; returns True when its trajectory is finished."""
