@@ -1,30 +1,28 @@
-"""The main job: a CPU toy that learns tool use end to end, in minutes.
+"""The main job: a CPU toy that trains tool use end to end, in minutes.
 
     python -m rstar2_jax demo [out=runs/demo] [key=value ...]      # fields of DemoConfig
 
 Phases, in order, each timed (``<out>/`` holds everything it writes):
 
-    data      toy problems (train/test, disjoint), SFT demonstrations whose programs ran in the
-              real sandbox, and a tokenizer trained on them             data/
-    init      a random tiny Qwen3 in Hugging Face format                init_model/
-    sft       supervised fine-tuning from scratch on the demonstrations sft/, sft_model/
-    eval      held-out average pass@1 and pass@k of the SFT policy      eval_sft.jsonl
-    rl        GRPO-RoC from the SFT policy                              rl/
-    eval      the same evaluation of the RL policy                      eval_rl.jsonl
-    export    the final policy + tokenizer in Hugging Face format       final_model/
-    report    summary table (printed, summary.json) and training curves curves.png
+    sft       toy problems (train/test, disjoint), SFT demonstrations     data/
+              whose programs ran in the real sandbox, a tokenizer; a
+              random tiny Qwen3; supervised fine-tuning from scratch      init_model/ sft/ sft_model/
+    eval_sft  held-out average pass@1 and pass@k of the SFT policy        eval_sft.jsonl
+    rl        GRPO-RoC from the SFT policy                                rl/ rl_model/
+    eval_rl   the same evaluation of the RL policy                        eval_rl.jsonl
+    report    summary table (printed, summary.json), training curves     curves.png
 
-The demonstrations are deliberately imperfect (some answer from a mental estimate, some make a
-tool call that fails before the right one, see ``rstar2_jax.data.sft_data``), so the SFT policy
-is far from perfect and RL has something to improve: the summary compares the two policies on
-held-out problems. Running the job again with the same ``out`` resumes SFT and RL from their
-checkpoints.
+``*_model/`` directories are Hugging Face checkpoints with their tokenizer; ``rl_model/`` is the
+final policy. The demonstrations are deliberately imperfect (some answer from a mental
+estimate, some make a tool call that fails before the right one, see
+``rstar2_jax.data.sft_data``), so the SFT policy leaves RL something to improve; the summary
+compares the two policies on held-out problems. Running the job again with the same ``out``
+resumes SFT and RL from their checkpoints. docs/toy.md has the measured figures.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +42,6 @@ from rstar2_jax.train.configs import (
     SFTConfig,
     StageConfig,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,7 @@ class Evaluator:
     def __init__(self, cfg: DemoConfig, sandbox, verifier):
         from transformers import AutoTokenizer
 
-        from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+        from rstar2_jax.sampler import AgentSampler, SamplingParams
 
         out = Path(cfg.out)
         tokenizer = AutoTokenizer.from_pretrained(out / "data" / "tokenizer")
@@ -251,11 +247,9 @@ class Evaluator:
         self.problems = load_problems(out / "data" / "test.jsonl")[:cfg.eval_problems]
         self.sampler = AgentSampler(
             toy_model_config(cfg.model, tokenizer), tokenizer, sandbox,
-            RolloutConfig(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
-                          max_prompt_tokens=cfg.rl.max_prompt_tokens,
-                          tool_response_chars=cfg.rollout.tool_response_chars,
-                          show_tool_time=cfg.rollout.show_tool_time,
-                          num_slots=cfg.rollout.num_slots, chunk=cfg.rollout.chunk),
+            cfg.rollout.sampler_config(max_turns=cfg.max_turns,
+                                       max_response_tokens=cfg.max_response_tokens,
+                                       max_prompt_tokens=cfg.rl.max_prompt_tokens),
             SamplingParams(temperature=cfg.eval_temperature))
 
     def __call__(self, model_dir: Path, samples_path: Path) -> EvalReport:
