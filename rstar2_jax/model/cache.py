@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.model.transformer import LayerKV, logits_from_hidden, run_decoder
+from rstar2_jax.model.transformer import StackedKV, logits_from_hidden, run_decoder
 
 
 @flax.struct.dataclass
@@ -66,10 +66,10 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
     slots = jnp.where(offsets < num_new[:, None], positions, max_len)
     rows = jnp.arange(batch)[:, None]
 
-    def write_kv(kv: LayerKV, k: jax.Array, v: jax.Array) -> LayerKV:
+    def write_kv(kv: StackedKV, layer: jax.Array, k: jax.Array, v: jax.Array) -> StackedKV:
         k_cache, v_cache = kv
-        return (k_cache.at[rows, slots].set(k.astype(k_cache.dtype), mode="drop"),
-                v_cache.at[rows, slots].set(v.astype(v_cache.dtype), mode="drop"))
+        return (k_cache.at[layer, rows, slots].set(k.astype(k_cache.dtype), mode="drop"),
+                v_cache.at[layer, rows, slots].set(v.astype(v_cache.dtype), mode="drop"))
 
     hidden, (k, v) = run_decoder(params, config, tokens, positions, mask, (cache.k, cache.v), write_kv)
     if last_only:

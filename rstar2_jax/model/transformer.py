@@ -22,10 +22,11 @@ from rstar2_jax.model.config import ModelConfig
 # softmax instead of NaN, so its garbage never poisons gradients through masked sums.
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
-# (k_cache, v_cache) of one layer, each [B, S, K, D].
-LayerKV = tuple[jax.Array, jax.Array]
-# Writes one layer's new keys/values [B, T, K, D] into its cache and returns the updated cache.
-KVWriter = Callable[[LayerKV, jax.Array, jax.Array], LayerKV]
+# (k, v) of every layer, each [L, B, S, K, D].
+StackedKV = tuple[jax.Array, jax.Array]
+# Writes layer i's new keys/values [B, T, K, D] into the stacked cache and returns it. Only the
+# new entries are written (a scatter on the layer loop's carry, done in place), never a layer.
+KVWriter = Callable[[StackedKV, jax.Array, jax.Array, jax.Array], StackedKV]
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -59,8 +60,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
 
 def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
-                   mask: jax.Array, kv: LayerKV | None, write_kv: KVWriter | None):
-    """One pre-norm block. x [B, T, E] -> ([B, T, E], the layer's updated cache or None)."""
+                   mask: jax.Array, cache_kv: Callable[[jax.Array, jax.Array], tuple] | None):
+    """One pre-norm block, x [B, T, E] -> [B, T, E]. `cache_kv(k, v)`, when given, stores the new
+    keys/values [B, T, K, D] and returns the ones to attend to, [B, S, K, D] each."""
     h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
     q = jnp.einsum("bte,ehd->bthd", h, p["q"])
     k = jnp.einsum("bte,ekd->btkd", h, p["k"])
@@ -72,35 +74,50 @@ def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Ar
         k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
     q = apply_rope(q, positions, config.rope_theta)
     k = apply_rope(k, positions, config.rope_theta)
-    if kv is not None:
-        kv = write_kv(kv, k, v)
+    if cache_kv is not None:
+        k, v = cache_kv(k, v)
         # The cache may be stored in another dtype than the model computes in.
-        k, v = kv[0].astype(q.dtype), kv[1].astype(q.dtype)
+        k, v = k.astype(q.dtype), v.astype(q.dtype)
     x = x + jnp.einsum("bthd,hde->bte", attention(q, k, v, mask), p["o"])
 
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
     gated = jax.nn.silu(jnp.einsum("bte,ef->btf", h, p["gate"])) * jnp.einsum("bte,ef->btf", h, p["up"])
-    return x + jnp.einsum("btf,fe->bte", gated, p["down"]), kv
+    return x + jnp.einsum("btf,fe->bte", gated, p["down"])
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                mask: jax.Array, kv: LayerKV | None = None, write_kv: KVWriter | None = None,
+                mask: jax.Array, kv: StackedKV | None = None, write_kv: KVWriter | None = None,
                 remat: bool = False):
     """Embeds tokens [B, T] and runs all layers: returns final-normed hidden [B, T, E] and cache.
 
     `kv` is the stacked cache `(k, v)`, each [L, B, S, K, D], or None for no cache; `mask`
-    [B, T, S] says which key slots each query sees (S = T without a cache).
+    [B, T, S] says which key slots each query sees (S = T without a cache). The cache rides in
+    the layer loop's carry so that `write_kv` updates it in place: passing it through the loop
+    as per-layer inputs and outputs would copy the whole cache at every decode step.
     """
     x = params["embed"][tokens]
+    if kv is None:
+        def layer(x, p):
+            return _decoder_layer(config, p, x, positions, mask, None), None
 
-    def layer(x, layer_inputs):
-        p, layer_kv = layer_inputs
-        return _decoder_layer(config, p, x, positions, mask, layer_kv, write_kv)
+        if remat:
+            # Keep only each layer's input for the backward pass; recompute the rest.
+            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        x, _ = jax.lax.scan(layer, x, params["layers"])
+        return rms_norm(x, params["final_norm"], config.rms_norm_eps), None
 
-    if remat:
-        # Keep only each layer's input for the backward pass; recompute the rest.
-        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
-    x, kv = jax.lax.scan(layer, x, (params["layers"], kv))
+    def cached_layer(carry, p):
+        x, kv, i = carry
+        written = []
+
+        def cache_kv(k, v):
+            written.append(write_kv(kv, i, k, v))
+            return written[0][0][i], written[0][1][i]
+
+        x = _decoder_layer(config, p, x, positions, mask, cache_kv)
+        return (x, written[0], i + 1), None
+
+    (x, kv, _), _ = jax.lax.scan(cached_layer, (x, kv, jnp.int32(0)), params["layers"])
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), kv
 
 
