@@ -6,12 +6,15 @@ The model is the ~30M-parameter Qwen3 config of the issues (hidden 512, intermed
 8 layers, 8 heads, 4 KV heads, head_dim 64, vocab 4096, tied embeddings) with random weights,
 written as a Hugging Face checkpoint and loaded by both sides. Both decode greedily for a fixed
 number of new tokens (no early stop) from 32-token prompts; compile / warm-up runs are excluded
-and the median of the repeats is reported.
+and the median of the repeats is reported. Each measurement runs in its own process, so that
+neither library's thread pools slow the other down.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -67,24 +70,38 @@ def time_transformers(path, prompts, new_tokens, repeats):
     return statistics.median(times)
 
 
+def measure(side: str, path: str, batch: int, args) -> float:
+    """Seconds per generate call of `side` ("ours" | "transformers"), in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--side", side, "--path", path, "--batches", str(batch),
+         "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+         "--repeats", str(args.repeats)],
+        check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--side", choices=["ours", "transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    rng = np.random.default_rng(0)
+    if args.side:  # a child: one measurement, printed on the last line
+        batch = args.batches[0]
+        prompts = np.random.default_rng(0).integers(
+            1, CONFIG["vocab_size"], (batch, args.prompt_tokens)).tolist()
+        timer = time_ours if args.side == "ours" else time_transformers
+        print(timer(args.path, prompts, args.new_tokens, args.repeats))
+        return
     with tempfile.TemporaryDirectory() as path:
         write_checkpoint(path)
         print(f"{'batch':>5} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}")
         for batch in args.batches:
-            prompts = rng.integers(1, CONFIG["vocab_size"], (batch, args.prompt_tokens)).tolist()
-            ours = time_ours(path, prompts, args.new_tokens, args.repeats)
-            theirs = time_transformers(path, prompts, args.new_tokens, args.repeats)
+            ours = measure("ours", path, batch, args)
+            theirs = measure("transformers", path, batch, args)
             tokens = batch * args.new_tokens
             print(f"{batch:>5} {tokens / ours:>11.0f} {tokens / theirs:>19.0f} "
                   f"{theirs / ours:>6.2f}", flush=True)
