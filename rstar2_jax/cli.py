@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # orbax logs every checkpoint step through absl at INFO; keep the progress bars readable.
+    logging.getLogger("absl").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except ConfigError as e:

@@ -73,7 +73,8 @@ METRICS = {
     "response/length_mean", "response/length_max", "response/truncated", "clip_low_frac",
     "clip_high_frac", "approx_kl", "entropy", "grad_norm", "lr", "logprob_mismatch/abs",
     "perf/rollout_tokens_per_s", "perf/update_tokens_per_s", "time/rollout_s",
-    "time/tool_wait_s", "time/reward_wait_s", "time/update_s", "loss",
+    "time/tool_wait_s", "time/reward_wait_s", "time/update_s", "loss", "rollouts/positives",
+    "rollouts/kept_positives",
 }
 
 
@@ -89,6 +90,7 @@ def test_rl_steps_train_and_resume_exactly(sft_model):
         assert METRICS <= r.keys(), METRICS - r.keys()
         assert np.isfinite(r["loss"]) and r["groups/kept"] >= 1
         assert 0.0 < r["reward/mean"] < 1.0
+        assert r["rollouts/positives"] == r["reward/mean"] * 4 * 8  # questions x rollouts
     moved = [float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
              for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(full.params)))]
     assert max(moved) > 1e-4
