@@ -8,10 +8,12 @@ not solve k/k (the paper's stage-3 data).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
 import os
+import time
 from typing import Sequence
 
 import numpy as np
@@ -71,6 +73,28 @@ class SampleRecord:
     response_text: str
 
 
+def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
+                   prompts: list[list[int]], samples: int, seed: int):
+    """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
+
+    Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
+    last rollout finished).
+    """
+    futures: dict[tuple[int, int], concurrent.futures.Future] = {}
+
+    def score(t: Trajectory) -> None:
+        if not t.truncated:  # a truncated rollout has no trustworthy final answer: reward 0
+            futures[t.prompt_index, t.sample_index] = verifier.submit(
+                t.response_text, problems[t.prompt_index].answer)
+
+    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
+    start = time.perf_counter()
+    rewards = np.zeros((len(prompts), samples), np.float32)
+    for (p, s), future in futures.items():
+        rewards[p, s] = future.result()
+    return trajs, rewards, stats, time.perf_counter() - start
+
+
 def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem], *,
              samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
              ks: Sequence[int] = (1,), seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
@@ -89,19 +113,11 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     if samples < 1 or any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"need samples >= 1 and every k in 1..samples; got {samples}, {ks}")
     prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems]
-    futures = {}
-
-    def score(traj: Trajectory) -> None:
-        futures[traj.prompt_index, traj.sample_index] = verifier.submit(
-            traj.response_text, problems[traj.prompt_index].answer)
-
-    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
-    rewards = np.zeros((len(problems), samples))
+    trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems, prompts,
+                                              samples, seed)
     records = []
     for t in trajs:
-        # A truncated response has no final answer to trust (DESIGN §3: truncated -> 0).
-        reward = 0.0 if t.truncated else futures[t.prompt_index, t.sample_index].result()
-        rewards[t.prompt_index, t.sample_index] = reward
+        reward = float(rewards[t.prompt_index, t.sample_index])
         problem = problems[t.prompt_index]
         records.append(SampleRecord(
             problem=t.prompt_index, sample=t.sample_index, question=problem.question,

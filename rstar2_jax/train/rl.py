@@ -14,7 +14,6 @@ run repeats the uninterrupted one.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -26,8 +25,9 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem, load_problems
+from rstar2_jax.evaluate import score_rollouts
 from rstar2_jax.rewards import VerifierPool
-from rstar2_jax.sampler import AgentSampler, SamplingParams, Trajectory
+from rstar2_jax.sampler import AgentSampler, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import make_batch, rollout_metrics, select_rollouts
@@ -47,28 +47,6 @@ def question_batch(num_problems: int, per_step: int, step: int, seed: int) -> np
     epoch, index = divmod(step, per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(num_problems)
     return order[index * per_step:(index + 1) * per_step]
-
-
-def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
-                   prompts: list[list[int]], samples: int, seed: int):
-    """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
-
-    Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
-    last rollout finished).
-    """
-    futures: dict[tuple[int, int], concurrent.futures.Future] = {}
-
-    def score(t: Trajectory) -> None:
-        if not t.truncated:  # a truncated rollout has no trustworthy final answer: reward 0
-            futures[t.prompt_index, t.sample_index] = verifier.submit(
-                t.response_text, problems[t.prompt_index].answer)
-
-    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
-    start = time.perf_counter()
-    rewards = np.zeros((len(prompts), samples), np.float32)
-    for (p, s), future in futures.items():
-        rewards[p, s] = future.result()
-    return trajs, rewards, stats, time.perf_counter() - start
 
 
 @dataclasses.dataclass
