@@ -94,7 +94,7 @@ def cache_specs(config: ModelConfig, mesh: Mesh, batch: int) -> KVCache:
     """Specs of a `KVCache` of `batch` rows: rows over fsdp, kv heads over tp (where divisible)."""
     rows = _fit((FSDP,), (batch,), mesh)
     kv_heads = _fit((TP,), (config.num_kv_heads,), mesh)
-    kv = P(None, *rows, None, *kv_heads, None)
+    kv = (P(*rows, *kv_heads, None, None),) * config.num_layers
     return KVCache(k=kv, v=kv, lengths=rows)
 
 

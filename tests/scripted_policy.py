@@ -42,14 +42,15 @@ def make_policy(tokenizer, scripts):
     def forward(params, config, tokens, cache, num_new=None, *, last_only=False):
         assert last_only
         batch, t = tokens.shape
-        size = cache.k.shape[2]
+        size = cache.max_len
         num_new = jnp.full((batch,), t, jnp.int32) if num_new is None else num_new
         pos = cache.lengths[:, None] + jnp.arange(t)
         slots = jnp.where(jnp.arange(t) < num_new[:, None], pos, size)
-        k = cache.k.at[0, jnp.arange(batch)[:, None], slots, 0, 0].set(
-            tokens.astype(cache.k.dtype), mode="drop")
+        # The token history lives in layer 0's keys, [B, K, S, D] at kv head 0, dim 0.
+        k = cache.k[0].at[jnp.arange(batch)[:, None], 0, slots, 0].set(
+            tokens.astype(cache.k[0].dtype), mode="drop")
         n = cache.lengths + num_new
-        hist = k[0, :, :, 0, 0].astype(jnp.int32)
+        hist = k[:, 0, :, 0].astype(jnp.int32)
         starts = (hist == im_start) & (jnp.arange(size)[None] < n[:, None])
         last_start = jnp.max(jnp.where(starts, jnp.arange(size)[None], -1), axis=1)
         turn = (starts.sum(1) - 3) // 2  # system, user, assistant; +2 per tool response
@@ -58,7 +59,7 @@ def make_policy(tokenizer, scripts):
         nxt = params["script"][script, jnp.clip(turn, 0, max_turns - 1),
                                jnp.clip(offset, 0, width - 1)]
         logits = jax.nn.one_hot(nxt, vocab) * 30.0
-        return logits, KVCache(k=k, v=cache.v, lengths=n)
+        return logits, KVCache(k=(k,), v=cache.v, lengths=n)
 
     return config, params, forward, markers
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from helpers_hf import tiny_random_model
-from rstar2_jax.model import copy_cache_rows, forward, forward_cached, init_cache
+from rstar2_jax.model import copy_rows, forward, forward_cached, init_cache
 
 TOL = 1e-4
 
@@ -22,11 +22,12 @@ class _Recorder:
         logits, self.cache = forward_cached(self.params, self.config, jnp.asarray(tokens), before,
                                             jnp.asarray(num_new, jnp.int32))
         lengths, logits = np.asarray(before.lengths), np.asarray(logits)
-        kv_before, kv_after = np.asarray([before.k, before.v]), np.asarray([self.cache.k, self.cache.v])
+        kv_before = np.asarray(before.k + before.v)  # [2 * layers, B, K, S, D]
+        kv_after = np.asarray(self.cache.k + self.cache.v)
         for b, n in enumerate(num_new):
             self.logits[b, lengths[b]:lengths[b] + n] = logits[b, :n]
             if n == 0:  # an idle row's cache must be left exactly as it was
-                np.testing.assert_array_equal(kv_after[:, :, b], kv_before[:, :, b])
+                np.testing.assert_array_equal(kv_after[:, b], kv_before[:, b])
         np.testing.assert_array_equal(self.cache.lengths, lengths + np.asarray(num_new))
 
 
@@ -81,7 +82,7 @@ def test_copied_prompt_rows_continue_like_their_own_prefill():
     cache = init_cache(config, 3, 12)
     _, cache = forward_cached(params, config, jnp.asarray(np.tile(prompt, (3, 1))), cache,
                               jnp.array([7, 0, 0], jnp.int32))
-    cache = copy_cache_rows(cache, jnp.array([0, 0]), jnp.array([1, 2]))
+    cache = copy_rows(cache, cache, jnp.array([0, 0]), jnp.array([1, 2]))
     np.testing.assert_array_equal(cache.lengths, [7, 7, 7])
     logits, _ = forward_cached(params, config, jnp.asarray(continuations), cache)
 
@@ -97,6 +98,6 @@ def test_cache_in_another_dtype_than_the_model(model_dtype, cache_dtype):
 
     logits, cache = forward_cached(params, config, tokens, cache)
 
-    assert cache.k.dtype == jnp.dtype(cache_dtype) and logits.dtype == jnp.float32
+    assert cache.k[0].dtype == jnp.dtype(cache_dtype) and logits.dtype == jnp.float32
     # bf16 on either side keeps ~3 significant digits; the tiny model's logits are O(1).
     np.testing.assert_allclose(logits, forward(params, config, tokens), atol=0.05)

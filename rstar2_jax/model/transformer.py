@@ -22,11 +22,9 @@ from rstar2_jax.model.config import ModelConfig
 # softmax instead of NaN, so its garbage never poisons gradients through masked sums.
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
-# (k, v) of every layer, each [L, B, S, K, D].
-StackedKV = tuple[jax.Array, jax.Array]
-# Writes layer i's new keys/values [B, T, K, D] into the stacked cache and returns it. Only the
-# new entries are written (a scatter on the layer loop's carry, done in place), never a layer.
-KVWriter = Callable[[StackedKV, jax.Array, jax.Array, jax.Array], StackedKV]
+# Called by a layer with its new keys/values [B, K, T, D]; returns the keys/values to attend to,
+# [B, K, S, D] (a cache stores the new ones and returns all it holds).
+AttendTo = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -48,21 +46,35 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D], k/v [B, S, K, D], mask [B, T, S] bool -> [B, T, H, D]."""
+    """Grouped-query attention. q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S] bool -> [B, T, H, D]."""
     b, t, h, d = q.shape
-    kv_heads = k.shape[2]
-    # Query head h reads kv head h // (H // K): group the query heads under their kv head.
-    q = q.reshape(b, t, kv_heads, h // kv_heads, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * d**-0.5
-    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    kv_heads = k.shape[1]
+    group = h // kv_heads
+    # Query head h reads kv head h // group: stack each kv head's queries, m = (t, g).
+    q = q.reshape(b, t, kv_heads, group, d).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * group, d)
+    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * d**-0.5
+    scores = jnp.where(jnp.repeat(mask, group, axis=1)[:, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+    out = jnp.einsum("bkms,bksd->bkmd", probs, v)
+    return out.reshape(b, kv_heads, t, group, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
-def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
-                   mask: jax.Array, cache_kv: Callable[[jax.Array, jax.Array], tuple] | None):
-    """One pre-norm block, x [B, T, E] -> [B, T, E]. `cache_kv(k, v)`, when given, stores the new
-    keys/values [B, T, K, D] and returns the ones to attend to, [B, S, K, D] each."""
+def embed(params: dict, tokens: jax.Array) -> jax.Array:
+    """Token embeddings [B, T, E] of tokens int32 [B, T]."""
+    return params["embed"][tokens]
+
+
+def final_norm(params: dict, config: ModelConfig, x: jax.Array) -> jax.Array:
+    return rms_norm(x, params["final_norm"], config.rms_norm_eps)
+
+
+def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
+                  mask: jax.Array, attend_to: AttendTo | None = None) -> jax.Array:
+    """One pre-norm block, x [B, T, E] -> [B, T, E], for one layer's params `p`.
+
+    positions [B, T] int32; mask [B, T, S] says which keys each query sees. Without `attend_to`
+    the keys are this call's own tokens (S = T); with it, whatever it returns (see `AttendTo`).
+    """
     h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
     q = jnp.einsum("bte,ehd->bthd", h, p["q"])
     k = jnp.einsum("bte,ekd->btkd", h, p["k"])
@@ -74,8 +86,9 @@ def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Ar
         k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
     q = apply_rope(q, positions, config.rope_theta)
     k = apply_rope(k, positions, config.rope_theta)
-    if cache_kv is not None:
-        k, v = cache_kv(k, v)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, D]
+    if attend_to is not None:
+        k, v = attend_to(k, v)
         # The cache may be stored in another dtype than the model computes in.
         k, v = k.astype(q.dtype), v.astype(q.dtype)
     x = x + jnp.einsum("bthd,hde->bte", attention(q, k, v, mask), p["o"])
@@ -86,39 +99,17 @@ def _decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Ar
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                mask: jax.Array, kv: StackedKV | None = None, write_kv: KVWriter | None = None,
-                remat: bool = False):
-    """Embeds tokens [B, T] and runs all layers: returns final-normed hidden [B, T, E] and cache.
+                mask: jax.Array, remat: bool = False) -> jax.Array:
+    """Embeds tokens [B, T] and runs all layers (a `lax.scan` over the stacked layer weights):
+    returns final-normed hidden [B, T, E]. `mask` [B, T, T] says which tokens each token sees."""
+    def layer(x, p):
+        return decoder_layer(config, p, x, positions, mask), None
 
-    `kv` is the stacked cache `(k, v)`, each [L, B, S, K, D], or None for no cache; `mask`
-    [B, T, S] says which key slots each query sees (S = T without a cache). The cache rides in
-    the layer loop's carry so that `write_kv` updates it in place: passing it through the loop
-    as per-layer inputs and outputs would copy the whole cache at every decode step.
-    """
-    x = params["embed"][tokens]
-    if kv is None:
-        def layer(x, p):
-            return _decoder_layer(config, p, x, positions, mask, None), None
-
-        if remat:
-            # Keep only each layer's input for the backward pass; recompute the rest.
-            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
-        x, _ = jax.lax.scan(layer, x, params["layers"])
-        return rms_norm(x, params["final_norm"], config.rms_norm_eps), None
-
-    def cached_layer(carry, p):
-        x, kv, i = carry
-        written = []
-
-        def cache_kv(k, v):
-            written.append(write_kv(kv, i, k, v))
-            return written[0][0][i], written[0][1][i]
-
-        x = _decoder_layer(config, p, x, positions, mask, cache_kv)
-        return (x, written[0], i + 1), None
-
-    (x, kv, _), _ = jax.lax.scan(cached_layer, (x, kv, jnp.int32(0)), params["layers"])
-    return rms_norm(x, params["final_norm"], config.rms_norm_eps), kv
+    if remat:
+        # Keep only each layer's input for the backward pass; recompute the rest.
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+    x, _ = jax.lax.scan(layer, embed(params, tokens), params["layers"])
+    return final_norm(params, config, x)
 
 
 def output_head(params: dict, config: ModelConfig) -> jax.Array:
@@ -142,8 +133,7 @@ def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array,
     t = tokens.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))
     mask = causal[None] & real[:, None, :]  # [B, T, S=T]
-    hidden, _ = run_decoder(params, config, tokens, positions, mask, remat=remat)
-    return hidden
+    return run_decoder(params, config, tokens, positions, mask, remat=remat)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "remat"))

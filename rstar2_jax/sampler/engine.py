@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar2_jax.model import KVCache, ModelConfig, forward_cached, init_cache
+from rstar2_jax.model import KVCache, ModelConfig, copy_rows, forward_cached, init_cache
+from rstar2_jax.model.cache import decode_layout
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 
@@ -47,7 +48,7 @@ def bucket(n: int, minimum: int = 8) -> int:
 class SlotState:
     """Per-slot decoding state (all on device)."""
 
-    cache: KVCache  # [layers, slots, max_len, kv_heads, head_dim]
+    cache: KVCache  # num_slots rows of max_len slots
     pending: jax.Array  # [slots] int32: next token to feed, not yet in the cache
     active: jax.Array  # [slots] bool: row is generating
     budget: jax.Array  # [slots] int32: tokens the row may still generate before it must stop
@@ -71,6 +72,7 @@ def decode_chunk(params, state: SlotState, stop_ids, min_stops, *, config, sampl
                  forward_fn):
     num_slots = state.pending.shape[0]
     rows = jnp.arange(num_slots)
+    params = decode_layout(params)  # once per call, not per step
     out = ChunkOutput(
         tokens=jnp.zeros((num_slots, chunk), jnp.int32),
         logprobs=jnp.zeros((num_slots, chunk), jnp.float32),
@@ -125,15 +127,8 @@ def prefill_stage(params, stage: KVCache, tokens, num_new, reset, *, config, for
 @functools.partial(jax.jit, donate_argnums=(0,))
 def admit(state: SlotState, stage: KVCache, src, dst, pending, budget, keys):
     """Copies staged prompt rows `src` into slots `dst` (out-of-range dst entries are padding)."""
-    stage_len = stage.k.shape[2]
-    cache = state.cache
-    cache = cache.replace(
-        k=cache.k.at[:, dst, :stage_len].set(stage.k[:, src], mode="drop"),
-        v=cache.v.at[:, dst, :stage_len].set(stage.v[:, src], mode="drop"),
-        lengths=cache.lengths.at[dst].set(stage.lengths[src], mode="drop"),
-    )
     return SlotState(
-        cache=cache,
+        cache=copy_rows(state.cache, stage, src, dst),
         pending=state.pending.at[dst].set(pending, mode="drop"),
         active=state.active.at[dst].set(True, mode="drop"),
         budget=state.budget.at[dst].set(budget, mode="drop"),
