@@ -52,10 +52,16 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     group = h // kv_heads
     # Query head h reads kv head h // group: stack each kv head's queries, m = (t, g).
     q = q.reshape(b, t, kv_heads, group, d).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * group, d)
-    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * d**-0.5
-    scores = jnp.where(jnp.repeat(mask, group, axis=1)[:, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkms,bksd->bkmd", probs, v)
+    # XLA:CPU runs single-token (decode) attention ~2x faster with the key slots ahead of the
+    # queries in the scores, and many-token attention faster the other way round.
+    order = "bksm" if t == 1 else "bkms"
+    visible = jnp.repeat(mask, group, axis=1)[:, None]  # [B, 1, M, S]
+    if t == 1:
+        visible = jnp.swapaxes(visible, 2, 3)
+    scores = jnp.einsum(f"bkmd,bksd->{order}", q, k, preferred_element_type=jnp.float32) * d**-0.5
+    scores = jnp.where(visible, scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=order.index("s")).astype(v.dtype)
+    out = jnp.einsum(f"{order},bksd->bkmd", probs, v)
     return out.reshape(b, kv_heads, t, group, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
