@@ -99,3 +99,42 @@ def test_no_recompilation_inside_warm_buckets(checkpoint):
     for lengths in ([2, 9, 16, 11], [6, 1, 13, 15], [5, 6, 7, 8], [12, 3, 10, 9]):
         generate(params, config, batch(lengths), 6, num_slots=4)
     assert [f._cache_size() for f in fns] == sizes
+
+
+def test_cache_follows_the_longest_row(checkpoint, monkeypatch):
+    """The cache grows past its first bucket as rows lengthen and shrinks once they are
+    released; tokens are those of transformers throughout."""
+    path, config, params = checkpoint
+    sizes = []
+
+    def recording_resize(cache, max_len):
+        sizes.append(max_len)
+        return resize(cache, max_len)
+
+    resize = engine_lib.resize_cache
+    monkeypatch.setattr(engine_lib, "resize_cache", recording_resize)
+    new = 150  # prompt + 150 tokens crosses the 128-slot bucket
+    ours = generate(params, config, PROMPTS, new, num_slots=2, chunk=16)
+
+    assert [g.tokens for g in ours] == hf_greedy(path, PROMPTS, new)
+    grown = next(i for i, size in enumerate(sizes) if size > 128)
+    assert 128 in sizes[grown:]  # shrank back when the first rows were released
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_released_rows_stop_holding_the_cache(checkpoint, release):
+    """A long row that finished keeps the cache long until it is released."""
+    _, config, params = checkpoint
+    engine = engine_lib.Engine(params, config, num_slots=2, max_len=512, max_prompt_len=16,
+                               sampling=engine_lib.SamplingParams(), stop_tokens=(-1,), chunk=32)
+    keys = engine_lib.sequence_keys(0, 2)
+    engine.stage_prompts([0, 1], [PROMPTS[0], PROMPTS[1]])
+    engine.admit([(0, 0, PROMPTS[0][-1], 150, keys[0])])
+    while engine.decode().count[0]:
+        pass
+    assert engine.state.cache.max_len == 256
+    if release:
+        engine.release([0])
+    engine.admit([(1, 1, PROMPTS[1][-1], 20, keys[1])])
+    engine.decode()
+    assert engine.state.cache.max_len == (128 if release else 256)

@@ -120,12 +120,29 @@ def copy_rows(cache: KVCache, source: KVCache, src_rows: jax.Array, dst_rows: ja
     """Copies `source` rows src_rows[i] into `cache` rows dst_rows[i] (int32 [N] each).
 
     `source` may be shorter (fewer slots) than `cache`, e.g. a staging cache of prompts; its rows
-    then fill the first slots. Out-of-range dst_rows entries are dropped (padding).
+    then fill the first slots. If it is longer, only its first `cache.max_len` slots are copied:
+    the caller must make sure the copied rows fit. Out-of-range dst_rows entries are dropped
+    (padding).
     """
-    width = source.max_len
+    width = min(source.max_len, cache.max_len)
 
     def copy(into, rows):
+        rows = rows[:, :, :width]
         return into.at[dst_rows, :, :width].set(rows[src_rows], mode="drop")
 
     return KVCache(k=tuple(map(copy, cache.k, source.k)), v=tuple(map(copy, cache.v, source.v)),
                    lengths=cache.lengths.at[dst_rows].set(source.lengths[src_rows], mode="drop"))
+
+
+@functools.partial(jax.jit, static_argnames=("max_len",))
+def resize_cache(cache: KVCache, max_len: int) -> KVCache:
+    """The cache with `max_len` slots per row: zero slots appended, or trailing slots dropped.
+
+    Dropping is safe only for slots past every row's length that the caller still needs.
+    """
+    def resize(layer):
+        if max_len <= layer.shape[2]:
+            return layer[:, :, :max_len]
+        return jnp.pad(layer, ((0, 0), (0, 0), (0, max_len - layer.shape[2]), (0, 0)))
+
+    return cache.replace(k=tuple(map(resize, cache.k)), v=tuple(map(resize, cache.v)))

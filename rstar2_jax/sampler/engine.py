@@ -13,8 +13,11 @@ all three ways a row changes:
 - resuming after a tool call: `[pending] + tool_tokens[:-1]` are prefilled into the row's cache
   and `tool_tokens[-1]` becomes pending. A row never re-prefills its history.
 
-Shapes are static: `num_slots`, `max_len`, `chunk` are fixed per `Engine`, and prefill lengths and
-row counts are rounded up to power-of-two buckets, so nothing recompiles once buckets are warm.
+Shapes are static: `num_slots` and `chunk` are fixed per `Engine`; prefill lengths, row counts and
+the cache length are rounded up to power-of-two buckets, so nothing recompiles once buckets are
+warm. The cache follows its longest row (a bucket above it, at most `max_len`): a decode step
+attends over every cache slot, so a cache sized for the longest possible response would make
+every step as slow as the last step of the longest one.
 """
 from __future__ import annotations
 
@@ -26,8 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax.model import KVCache, ModelConfig, copy_rows, forward_cached, init_cache
-from rstar2_jax.model.cache import decode_layout
+from rstar2_jax.model.cache import decode_layout, resize_cache
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
+
+
+# Smallest cache length (slots per row) the engine shrinks to.
+_MIN_CACHE_LEN = 128
 
 
 def sequence_keys(seed: int, count: int) -> np.ndarray:
@@ -48,7 +55,7 @@ def bucket(n: int, minimum: int = 8) -> int:
 class SlotState:
     """Per-slot decoding state (all on device)."""
 
-    cache: KVCache  # num_slots rows of max_len slots
+    cache: KVCache  # num_slots rows; its length follows the longest row (see the module doc)
     pending: jax.Array  # [slots] int32: next token to feed, not yet in the cache
     active: jax.Array  # [slots] bool: row is generating
     budget: jax.Array  # [slots] int32: tokens the row may still generate before it must stop
@@ -158,7 +165,8 @@ class Engine:
       params, config: the policy (params are read, never copied: the trainer's latest params can
         be swapped in with `set_params`).
       num_slots: rows decoded together.
-      max_len: cache length per row (prompt + response, tool tokens included).
+      max_len: the most tokens a row may hold (prompt + response, tool tokens included); the
+        cache grows towards it as rows get longer and shrinks when they are released.
       max_prompt_len: longest prompt accepted (sets the staging cache length).
       sampling: token selection settings.
       stop_tokens: ids that end a row's turn (e.g. `<|im_end|>`, eos).
@@ -186,9 +194,11 @@ class Engine:
         self.chunk = chunk
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
         self.decode_calls = 0
+        self.lengths = np.zeros((num_slots,), np.int64)  # tokens in each slot's cache, 0 if free
+        self.staged_lengths = np.zeros((stage_rows,), np.int64)
         self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
         self.state = SlotState(
-            cache=init_cache(config, num_slots, max_len),
+            cache=init_cache(config, num_slots, min(_MIN_CACHE_LEN, max_len)),
             pending=jnp.zeros((num_slots,), jnp.int32),
             active=jnp.zeros((num_slots,), bool),
             budget=jnp.zeros((num_slots,), jnp.int32),
@@ -200,6 +210,16 @@ class Engine:
 
     def set_params(self, params) -> None:
         self.params = params
+
+    def release(self, slots) -> None:
+        """Marks slots as free: the cache no longer needs to hold their tokens."""
+        self.lengths[list(slots)] = 0
+
+    def _fit(self, need: int) -> None:
+        """Resizes the cache to the smallest bucket of at least `need` slots (at most max_len)."""
+        size = min(bucket(need, minimum=_MIN_CACHE_LEN), self.max_len)
+        if size != self.state.cache.max_len:
+            self.state = self.state.replace(cache=resize_cache(self.state.cache, size))
 
     def stage_prompts(self, rows: list[int], prompts: list[list[int]]) -> None:
         """Prefills `prompts[i][:-1]` into staging row `rows[i]` (one prefill per prompt)."""
@@ -217,6 +237,7 @@ class Engine:
             tokens[row, : len(prompt) - 1] = prompt[:-1]
             num_new[row] = len(prompt) - 1
             reset[row] = True
+            self.staged_lengths[row] = len(prompt) - 1
         self.stage = prefill_stage(self.params, self.stage, tokens, num_new, reset,
                                    config=self.config, forward_fn=self.forward_fn)
         self.prompts_prefilled += len(prompts)
@@ -237,20 +258,27 @@ class Engine:
         pending = np.zeros((n,), np.int32)
         budget = np.zeros((n,), np.int32)
         keys = np.zeros((n, 2), np.uint32)
+        lengths = self.lengths.copy()
         for i, (row, slot, last, b, key) in enumerate(pairs):
             src[i], dst[i], pending[i], budget[i], keys[i] = row, slot, last, b, key
+            lengths[slot] = self.staged_lengths[row]
+        self._fit(int(lengths.max()))
+        self.lengths = lengths
         self.state = admit(self.state, self.stage, src, dst, pending, budget, keys)
 
     def decode(self, min_stops: int | None = None) -> ChunkOutput:
         """Runs up to `chunk` decode steps; returns the host copy of what was generated."""
         min_stops = self.num_slots if min_stops is None else min_stops
+        self._fit(int(self.lengths.max()) + self.chunk)
         self.decode_calls += 1
         self.state, out = decode_chunk(
             self.params, self.state, self.stop_ids, jnp.int32(min_stops),
             config=self.config, sampling=self.sampling, chunk=self.chunk,
             forward_fn=self.forward_fn,
         )
-        return jax.device_get(out)
+        out = jax.device_get(out)
+        self.lengths += out.count
+        return out
 
     def resume(self, rows: dict[int, tuple[list[int], int, int]]) -> None:
         """Appends tokens to paused rows and reactivates them.
@@ -270,5 +298,7 @@ class Engine:
         for slot, (toks, nxt, b) in rows.items():
             tokens[slot, : len(toks)] = toks
             num_new[slot], pending[slot], budget[slot], resume[slot] = len(toks), nxt, b, True
+        self._fit(int((self.lengths + num_new).max()))
+        self.lengths += num_new
         self.state = extend(self.params, self.state, tokens, num_new, pending, budget, resume,
                             config=self.config, forward_fn=self.forward_fn)

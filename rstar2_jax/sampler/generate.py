@@ -87,5 +87,6 @@ def generate(
             if out.stopped[slot]:
                 reasons[i] = "stop" if tokens[i] and tokens[i][-1] in stop_set else "length"
                 owner[slot] = None
+                engine.release([slot])
     return [Generation(t, lp, r) for t, lp, r in zip(tokens, logprobs, reasons)]
 

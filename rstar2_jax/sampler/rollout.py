@@ -226,6 +226,7 @@ class AgentSampler:
                     if out.stopped[slot] and self._end_turn(row):
                         finished.append(row.traj)
                         rows[slot] = None
+                        engine.release([slot])
             elif any(r is not None and r.future is not None for r in rows):
                 t0 = time.perf_counter()
                 concurrent.futures.wait([r.future for r in rows if r and r.future],
@@ -329,6 +330,7 @@ class AgentSampler:
                 traj.finish_reason = "budget"
                 done.append(traj)
                 rows[slot] = None
+                engine.release([slot])
                 continue
             pending = traj.response_ids[-1]
             traj.response_ids.extend(tool_ids)
