@@ -8,6 +8,11 @@ written as a Hugging Face checkpoint and loaded by both sides. Both decode greed
 number of new tokens (no early stop) from 32-token prompts; compile / warm-up runs are excluded
 and the median of the repeats is reported. Each measurement runs in its own process, so that
 neither library's thread pools slow the other down.
+
+The last column bounds what any float32 decoder can reach here: the tokens/s if a decode step
+cost nothing but its weight matmuls ([batch, 512] times every layer's q, k, v, o, gate, up, down
+and the vocab head), timed as one jitted loop of exactly those matmuls, with no attention,
+norms, cache writes or sampling.
 """
 from __future__ import annotations
 
@@ -70,6 +75,42 @@ def time_transformers(path, prompts, new_tokens, repeats):
     return statistics.median(times)
 
 
+def time_matmul_floor(path, prompts, new_tokens, repeats):
+    """Seconds for `new_tokens` steps of a decode step's matmuls alone (see the module doc)."""
+    import jax
+    import jax.numpy as jnp
+
+    from rstar2_jax.model import load_hf
+
+    config, params = load_hf(path)
+    layers = params["layers"]
+    mats = [layers[name].reshape(config.num_layers, config.hidden_size, -1)
+            for name in ("q", "k", "v", "gate", "up")]
+    o = layers["o"].reshape(config.num_layers, -1, config.hidden_size)
+    head = params["embed"].T
+    x = jnp.ones((len(prompts), config.hidden_size), jnp.float32)
+
+    @jax.jit
+    def steps(x, mats, o, down, head):
+        def step(_, x):
+            for i in range(config.num_layers):
+                q, k, v, gate, up = (m[i] for m in mats)
+                attn = jnp.concatenate([x @ q, x @ k, x @ v], axis=1)[:, : q.shape[1]]
+                x = x + attn @ o[i]
+                x = x + ((x @ gate) * (x @ up)) @ down[i]
+            return x + (x @ head)[:, : x.shape[1]] * 1e-6
+        return jax.lax.fori_loop(0, new_tokens, step, x)
+
+    args = (x, mats, o, layers["down"], head)
+    jax.block_until_ready(steps(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(steps(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure(side: str, path: str, batch: int, args) -> float:
     """Seconds per generate call of `side` ("ours" | "transformers"), in a fresh process."""
     out = subprocess.run(
@@ -86,25 +127,29 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--side", choices=["ours", "transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=["ours", "transformers", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:  # a child: one measurement, printed on the last line
         batch = args.batches[0]
         prompts = np.random.default_rng(0).integers(
             1, CONFIG["vocab_size"], (batch, args.prompt_tokens)).tolist()
-        timer = time_ours if args.side == "ours" else time_transformers
+        timer = {"ours": time_ours, "transformers": time_transformers,
+                 "floor": time_matmul_floor}[args.side]
         print(timer(args.path, prompts, args.new_tokens, args.repeats))
         return
     with tempfile.TemporaryDirectory() as path:
         write_checkpoint(path)
-        print(f"{'batch':>5} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}")
+        print(f"{'batch':>5} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6} "
+              f"{'matmul-only tok/s':>18} {'its ratio':>9}")
         for batch in args.batches:
             ours = measure("ours", path, batch, args)
             theirs = measure("transformers", path, batch, args)
+            floor = measure("floor", path, batch, args)
             tokens = batch * args.new_tokens
             print(f"{batch:>5} {tokens / ours:>11.0f} {tokens / theirs:>19.0f} "
-                  f"{theirs / ours:>6.2f}", flush=True)
+                  f"{theirs / ours:>6.2f} {tokens / floor:>18.0f} {theirs / floor:>9.2f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

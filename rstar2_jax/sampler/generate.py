@@ -55,7 +55,7 @@ def generate(
         params, config, num_slots=slots, max_len=bucket(max_prompt) + max_new_tokens,
         max_prompt_len=bucket(max_prompt), sampling=SamplingParams(temperature, top_p, top_k),
         stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk,
-        stage_rows=min(slots, 8),
+        stage_rows=slots,  # one prefill for a batch that fits the slots
     )
     keys = sequence_keys(seed, len(prompts))
     stop_set = set(stop_tokens)
