@@ -1,11 +1,11 @@
 """Plain batched generation (no tools): a thin loop over the `Engine`."""
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.sampler.engine import Engine, bucket, sequence_keys
+from rstar2_jax.sampler.engine import Engine, bucket
+from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
 
 # A token id no tokenizer produces: lets "no stop tokens" share the stop-token code path.
@@ -57,26 +57,17 @@ def generate(
         stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk,
         stage_rows=slots,  # one prefill for a batch that fits the slots
     )
-    keys = sequence_keys(seed, len(prompts))
+    feeder = PromptFeeder(engine, prompts, 1, max_new_tokens, seed)
     stop_set = set(stop_tokens)
-    queue = collections.deque(range(len(prompts)))
     owner: list[int | None] = [None] * slots  # prompt index decoded by each slot
     tokens: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     reasons: list[str] = [""] * len(prompts)
-    while queue or any(o is not None for o in owner):
-        free = [s for s in range(slots) if owner[s] is None]
-        while free and queue:  # fill every free slot, `stage_rows` prompts per prefill
-            starting = []
-            while free and queue and len(starting) < engine.stage_rows:
-                starting.append((free.pop(0), queue.popleft()))
-            engine.stage_prompts(list(range(len(starting))), [prompts[i] for _, i in starting])
-            engine.admit([(row, slot, prompts[i][-1], max_new_tokens, keys[i])
-                          for row, (slot, i) in enumerate(starting)])
-            for slot, i in starting:
-                owner[slot] = i
+    while feeder.queue or any(o is not None for o in owner):
+        for slot, i, _ in feeder.fill([s for s in range(slots) if owner[s] is None]):
+            owner[slot] = i
         # Return to the host as soon as a slot frees if prompts are still waiting for one.
-        out = engine.decode(min_stops=1 if queue else None)
+        out = engine.decode(min_stops=1 if feeder.queue else None)
         for slot in range(slots):
             i = owner[slot]
             n = int(out.count[slot])

@@ -17,7 +17,6 @@ trajectory is never decoded and re-tokenized (text is decoded only to parse a tu
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import time
@@ -25,7 +24,8 @@ from typing import Callable
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward_cached
-from rstar2_jax.sampler.engine import Engine, sequence_keys
+from rstar2_jax.sampler.engine import Engine
+from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sandbox import render_result
 
@@ -198,21 +198,18 @@ class AgentSampler:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens; must be 1..{self.cfg.max_prompt_tokens}")
         engine = self._get_engine(params)
-        self._keys = sequence_keys(seed, len(prompts) * samples_per_prompt)
-        self._samples = samples_per_prompt
+        feeder = PromptFeeder(engine, prompts, samples_per_prompt, self.cfg.max_response_tokens,
+                              seed)
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
-        queue = collections.deque(
-            (p, s) for p in range(len(prompts)) for s in range(samples_per_prompt))
-        remaining = collections.Counter(p for p, _ in queue)  # samples not yet admitted
-        staged: dict[int, int] = {}  # prompt -> staging row
         rows: list[_Row | None] = [None] * engine.num_slots
         done: list[Trajectory] = []
         finished: list[Trajectory] = []  # finished in this iteration, not yet reported
 
-        while queue or any(r is not None for r in rows):
-            self._admit(engine, prompts, queue, remaining, staged, rows)
+        while feeder.queue or any(r is not None for r in rows):
+            for slot, p, s in feeder.fill([slot for slot, r in enumerate(rows) if r is None]):
+                rows[slot] = _Row(Trajectory(p, s, list(prompts[p])))
             if bool(engine.state.active.any()):
                 out = engine.decode(min_stops=1)
                 generated += int(out.count.sum())
@@ -244,39 +241,6 @@ class AgentSampler:
             wall_s=time.perf_counter() - start, tool_wait_s=tool_wait,
             generated_tokens=generated, tool_calls=sum(t.num_tool_calls for t in done))
         return done, stats
-
-    def _admit(self, engine, prompts, queue, remaining, staged, rows) -> None:
-        """Fills free slots from the queue, `stage_rows` new prompts per prefill."""
-        while queue and None in rows and self._admit_some(engine, prompts, queue, remaining,
-                                                          staged, rows):
-            pass
-
-    def _admit_some(self, engine, prompts, queue, remaining, staged, rows) -> bool:
-        """One prefill of new prompts and their admission; returns whether a row started."""
-        free = [s for s, r in enumerate(rows) if r is None]
-        busy = set(staged.values())
-        new: dict[int, int] = {}  # prompt -> staging row, prefilled in one call below
-        starting = []
-        while free and queue:
-            p, s = queue[0]
-            if p not in staged:
-                spare = next((r for r in range(engine.stage_rows) if r not in busy), None)
-                if spare is None:
-                    break
-                staged[p] = new[p] = spare
-                busy.add(spare)
-            queue.popleft()
-            starting.append((staged[p], free.pop(0), p, s))
-            remaining[p] -= 1
-        engine.stage_prompts(list(new.values()), [prompts[p] for p in new])
-        engine.admit([(row, slot, prompts[p][-1], self.cfg.max_response_tokens,
-                       self._keys[p * self._samples + s]) for row, slot, p, s in starting])
-        # A staging row is released only after admit() has copied it.
-        for p in [p for p in staged if remaining[p] == 0]:
-            del staged[p]
-        for _, slot, p, s in starting:
-            rows[slot] = _Row(Trajectory(p, s, list(prompts[p])))
-        return bool(starting)
 
     def _end_turn(self, row: _Row) -> bool:
         """Handles a row that stopped; returns True when its trajectory is finished."""
