@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from rstar2_jax.algorithms import roc_penalty, roc_select, roc_select_batch
+from rstar2_jax.algorithms import penalty_terms, roc_penalty, roc_select, roc_select_batch
 
 select = jax.jit(roc_select, static_argnames=("group_size", "mode"))
 # Many draws of the paper rule for one group, one key each.
@@ -21,20 +21,22 @@ draws = jax.jit(jax.vmap(roc_select, in_axes=(0, None, None, None, None)), stati
 # --- penalty -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
-    "calls, errors, answers, turns, expected",
+    "calls, errors, answers, turns, p_err, p_format",
     [
-        (0, 0, 1, 1, 0.5),  # no tool call: p_err = 0.5; one answer: p_format = 0
-        (4, 1, 1, 5, 0.25),  # one call in four failed
-        (3, 3, 1, 4, 1.0),  # every call failed
-        (2, 0, 0, 3, 1.0),  # clean calls but no answer block
-        (2, 2, 0, 3, 2.0),  # worst case
-        (3, 0, 2, 4, 0.25),  # one extra answer block over four turns
-        (3, 0, 4, 2, 1.0),  # (4 - 1) / 2 capped at 1
-        (5, 1, 3, 8, 0.2 + 0.25),
+        (0, 0, 1, 1, 0.5, 0.0),  # no tool call: p_err = 0.5; one answer: p_format = 0
+        (4, 1, 1, 5, 0.25, 0.0),  # one call in four failed
+        (3, 3, 1, 4, 1.0, 0.0),  # every call failed
+        (2, 0, 0, 3, 0.0, 1.0),  # clean calls but no answer block
+        (2, 2, 0, 3, 1.0, 1.0),  # worst case
+        (3, 0, 2, 4, 0.0, 0.25),  # one extra answer block over four turns
+        (3, 0, 4, 2, 0.0, 1.0),  # (4 - 1) / 2 capped at 1
+        (5, 1, 3, 8, 0.2, 0.25),
     ],
 )
-def test_penalty_closed_form(calls, errors, answers, turns, expected):
-    assert float(roc_penalty(calls, errors, answers, turns)) == pytest.approx(expected, rel=1e-6)
+def test_penalty_closed_form(calls, errors, answers, turns, p_err, p_format):
+    terms = penalty_terms(calls, errors, answers, turns)
+    assert [float(x) for x in terms] == pytest.approx([p_err, p_format], rel=1e-6)
+    assert float(roc_penalty(calls, errors, answers, turns)) == pytest.approx(p_err + p_format, rel=1e-6)
 
 
 def test_penalty_is_elementwise_and_jits():

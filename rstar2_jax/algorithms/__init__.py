@@ -10,11 +10,12 @@ Order of use within one RL step, per question with 2G rollouts (DESIGN.md §3):
 """
 from rstar2_jax.algorithms.advantages import group_advantages, nonuniform_group_mask
 from rstar2_jax.algorithms.loss import policy_loss
-from rstar2_jax.algorithms.roc import roc_penalty, roc_select, roc_select_batch
+from rstar2_jax.algorithms.roc import penalty_terms, roc_penalty, roc_select, roc_select_batch
 
 __all__ = [
     "group_advantages",
     "nonuniform_group_mask",
+    "penalty_terms",
     "policy_loss",
     "roc_penalty",
     "roc_select",

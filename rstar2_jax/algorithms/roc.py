@@ -29,7 +29,8 @@ Both rules keep exactly G rollouts for every split, odd class sizes and all-posi
 all-negative groups included (those carry no signal and are normally dropped first by
 `nonuniform_group_mask`; RoC then keeps G of the single class).
 
-How tool errors and turns are counted is the caller's job (`roc_penalty` takes counts). The
+How tool errors and turns are counted is the caller's job (`roc_penalty` and `penalty_terms`
+take counts). The
 released code counts differently (substring "error" in a tool response, which misses timeouts;
 turns after the first only, research/rstar2.md §1.3); `mode` changes the selection rule only.
 """
@@ -47,13 +48,13 @@ Mode = Literal["paper", "released"]
 _RELEASED_MIN_PER_CLASS = 2
 
 
-def roc_penalty(
+def penalty_terms(
     num_tool_calls: jnp.ndarray,
     num_tool_errors: jnp.ndarray,
     num_answer_blocks: jnp.ndarray,
     num_turns: jnp.ndarray,
-) -> jnp.ndarray:
-    """RoC penalty p_err + p_format of each rollout, from its trajectory statistics.
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The two RoC penalty terms (p_err, p_format) of each rollout, from its statistics.
 
     All arguments are integer arrays of one (broadcastable) shape, one entry per rollout.
 
@@ -65,7 +66,7 @@ def roc_penalty(
       num_turns: assistant turns, the first included (>= 1).
 
     Returns:
-      float32 penalties in [0, 2], same shape as the broadcast inputs.
+      float32 (p_err, p_format), each in [0, 1], same shape as the broadcast inputs.
     """
     calls, errors, answers, turns = (
         jnp.asarray(x) for x in (num_tool_calls, num_tool_errors, num_answer_blocks, num_turns)
@@ -78,7 +79,18 @@ def roc_penalty(
     # the tool (paper: "to encourage tool usage").
     p_err = jnp.where(calls > 0, errors / jnp.maximum(calls, 1), 0.5)
     p_format = jnp.where(answers > 0, jnp.minimum(1.0, (answers - 1) / turns), 1.0)
-    return (p_err + p_format).astype(jnp.float32)
+    return p_err.astype(jnp.float32), p_format.astype(jnp.float32)
+
+
+def roc_penalty(
+    num_tool_calls: jnp.ndarray,
+    num_tool_errors: jnp.ndarray,
+    num_answer_blocks: jnp.ndarray,
+    num_turns: jnp.ndarray,
+) -> jnp.ndarray:
+    """RoC penalty p_err + p_format of each rollout (see `penalty_terms`), float32 in [0, 2]."""
+    p_err, p_format = penalty_terms(num_tool_calls, num_tool_errors, num_answer_blocks, num_turns)
+    return p_err + p_format
 
 
 def roc_select(

@@ -14,7 +14,7 @@ import numpy as np
 from rstar2_jax.algorithms import (
     group_advantages,
     nonuniform_group_mask,
-    roc_penalty,
+    penalty_terms,
     roc_select_batch,
 )
 from rstar2_jax.sampler import Trajectory
@@ -37,11 +37,11 @@ class Selection:
     groups_kept: int
 
 
-def penalties_of(trajs: Sequence[Trajectory]) -> np.ndarray:
-    """RoC penalty p_err + p_format of each trajectory `[len(trajs)]`."""
+def penalties_of(trajs: Sequence[Trajectory]) -> tuple[np.ndarray, np.ndarray]:
+    """RoC penalty terms (p_err, p_format) of each trajectory, `[len(trajs)]` each."""
     stats = np.array([[t.num_tool_calls, t.num_tool_errors, t.num_answer_blocks,
                        max(t.num_turns, 1)] for t in trajs], np.int32).reshape(-1, 4)
-    return np.asarray(roc_penalty(*stats.T))
+    return tuple(np.asarray(term) for term in penalty_terms(*stats.T))
 
 
 def select_rollouts(key: jax.Array, rewards: np.ndarray, trajs: Sequence[Trajectory],
@@ -64,7 +64,7 @@ def select_rollouts(key: jax.Array, rewards: np.ndarray, trajs: Sequence[Traject
     if rule == "none":
         local = np.tile(np.arange(n), (keep.size, 1))
     else:
-        penalties = penalties_of(trajs).reshape(questions, n)
+        penalties = sum(penalties_of(trajs)).reshape(questions, n)
         local = np.asarray(roc_select_batch(key, rewards[keep], penalties[keep], group_size, rule))
     kept_rewards = np.take_along_axis(rewards[keep], local, axis=1)
     advantages = np.asarray(group_advantages(kept_rewards), np.float32)
@@ -113,8 +113,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: np.ndarray,
     calls = np.array([t.num_tool_calls for t in trajs])
     errors = np.array([t.num_tool_errors for t in trajs])
     lengths = np.array([len(t.response_ids) for t in trajs])
-    penalties = penalties_of(trajs)
-    p_err = np.where(calls > 0, errors / np.maximum(calls, 1), 0.0)
+    p_err, p_format = penalties_of(trajs)
     kept_pos = [i for i in selection.kept if flat[i] == 1]
     all_pos = np.flatnonzero(flat == 1)
 
@@ -138,11 +137,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: np.ndarray,
         "tools/error_ratio_positives": error_ratio(all_pos),
         "tools/error_ratio_kept_positives": error_ratio(np.asarray(kept_pos, np.int64)),
         "tools/rollouts_with_error": float((errors > 0).mean()),
-        "roc/penalty_mean": float(penalties.mean()),
+        "roc/penalty_mean": float((p_err + p_format).mean()),
         "roc/p_err_mean": float(p_err.mean()),
-        "roc/format_penalty_mean": float(np.mean(
-            [1.0 if t.num_answer_blocks == 0 else min(1.0, (t.num_answer_blocks - 1) / max(t.num_turns, 1))
-             for t in trajs])),
+        "roc/format_penalty_mean": float(p_format.mean()),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         "response/turns_mean": float(np.mean([t.num_turns for t in trajs])),
