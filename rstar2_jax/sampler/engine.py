@@ -144,17 +144,29 @@ def admit(state: SlotState, stage: KVCache, src, dst, pending, budget, keys):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forward_fn"), donate_argnums=(1,))
-def extend(params, state: SlotState, tokens, num_new, pending, budget, resume, *, config,
-            forward_fn):
-    """Prefills appended tokens (e.g. a tool response) into the rows where `resume` is set."""
-    _, cache = forward_fn(
-        params, config, tokens, state.cache, num_new=jnp.where(resume, num_new, 0), last_only=True
-    )
+def extend(params, state: SlotState, slots, tokens, num_new, pending, budget, *, config,
+           forward_fn):
+    """Prefills appended tokens (e.g. a tool response) into rows `slots` and reactivates them.
+
+    Only those rows go through the model: they are gathered into a small cache, extended and
+    written back. Out-of-range `slots` entries are padding (their `num_new` must be 0).
+    """
+    def gather(layer):
+        return layer.at[slots].get(mode="fill", fill_value=0)
+
+    def put(layer, rows):
+        return layer.at[slots].set(rows, mode="drop")
+
+    cache = state.cache
+    rows = KVCache(k=tuple(map(gather, cache.k)), v=tuple(map(gather, cache.v)),
+                   lengths=gather(cache.lengths))
+    _, rows = forward_fn(params, config, tokens, rows, num_new=num_new, last_only=True)
     return state.replace(
-        cache=cache,
-        pending=jnp.where(resume, pending, state.pending),
-        active=state.active | resume,
-        budget=jnp.where(resume, budget, state.budget),
+        cache=KVCache(k=tuple(map(put, cache.k, rows.k)), v=tuple(map(put, cache.v, rows.v)),
+                      lengths=put(cache.lengths, rows.lengths)),
+        pending=put(state.pending, pending),
+        active=put(state.active, jnp.ones_like(pending, bool)),
+        budget=put(state.budget, budget),
     )
 
 
@@ -194,7 +206,9 @@ class Engine:
         self.chunk = chunk
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
         self.decode_calls = 0
+        # Host copies of per-slot state, so that the host never waits on the device to read them.
         self.lengths = np.zeros((num_slots,), np.int64)  # tokens in each slot's cache, 0 if free
+        self.active = np.zeros((num_slots,), bool)  # slot is generating
         self.staged_lengths = np.zeros((stage_rows,), np.int64)
         self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
         self.state = SlotState(
@@ -262,6 +276,7 @@ class Engine:
         for i, (row, slot, last, b, key) in enumerate(pairs):
             src[i], dst[i], pending[i], budget[i], keys[i] = row, slot, last, b, key
             lengths[slot] = self.staged_lengths[row]
+            self.active[slot] = True
         self._fit(int(lengths.max()))
         self.lengths = lengths
         self.state = admit(self.state, self.stage, src, dst, pending, budget, keys)
@@ -278,6 +293,7 @@ class Engine:
         )
         out = jax.device_get(out)
         self.lengths += out.count
+        self.active &= ~out.stopped
         return out
 
     def resume(self, rows: dict[int, tuple[list[int], int, int]]) -> None:
@@ -290,15 +306,18 @@ class Engine:
         if not rows:
             return
         width = bucket(max(len(t) for t, _, _ in rows.values()), minimum=8)
-        tokens = np.zeros((self.num_slots, width), np.int32)
-        num_new = np.zeros((self.num_slots,), np.int32)
-        pending = np.zeros((self.num_slots,), np.int32)
-        budget = np.zeros((self.num_slots,), np.int32)
-        resume = np.zeros((self.num_slots,), bool)
-        for slot, (toks, nxt, b) in rows.items():
-            tokens[slot, : len(toks)] = toks
-            num_new[slot], pending[slot], budget[slot], resume[slot] = len(toks), nxt, b, True
-        self._fit(int((self.lengths + num_new).max()))
-        self.lengths += num_new
-        self.state = extend(self.params, self.state, tokens, num_new, pending, budget, resume,
+        # Few row-count buckets: each (rows, width, cache length) triple compiles once.
+        n = min(bucket(len(rows), minimum=8), bucket(self.num_slots, minimum=1))
+        slots = np.full((n,), self.num_slots, np.int32)  # padding: out of range
+        tokens = np.zeros((n, width), np.int32)
+        num_new = np.zeros((n,), np.int32)
+        pending = np.zeros((n,), np.int32)
+        budget = np.zeros((n,), np.int32)
+        for i, (slot, (toks, nxt, b)) in enumerate(rows.items()):
+            tokens[i, : len(toks)] = toks
+            slots[i], num_new[i], pending[i], budget[i] = slot, len(toks), nxt, b
+            self.lengths[slot] += len(toks)
+            self.active[slot] = True
+        self._fit(int(self.lengths.max()))
+        self.state = extend(self.params, self.state, slots, tokens, num_new, pending, budget,
                             config=self.config, forward_fn=self.forward_fn)

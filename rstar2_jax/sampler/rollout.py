@@ -210,7 +210,7 @@ class AgentSampler:
         while feeder.queue or any(r is not None for r in rows):
             for slot, p, s in feeder.fill([slot for slot, r in enumerate(rows) if r is None]):
                 rows[slot] = _Row(Trajectory(p, s, list(prompts[p])))
-            if bool(engine.state.active.any()):
+            if engine.active.any():
                 out = engine.decode(min_stops=1)
                 generated += int(out.count.sum())
                 for slot, row in enumerate(rows):
