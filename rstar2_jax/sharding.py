@@ -16,6 +16,7 @@ included; only the batch must be divisible by the fsdp size.
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from rstar2_jax.model import KVCache, ModelConfig, forward, param_shapes
@@ -88,6 +89,26 @@ def shard_params(params: dict, config: ModelConfig, mesh: Mesh) -> dict:
 def batch_spec() -> P:
     """Spec of per-example data ([batch, ...] tokens, masks, advantages): batch over fsdp."""
     return P(FSDP)
+
+
+def place_batch(local_rows: dict, mesh: Mesh) -> dict:
+    """This process's rows (host arrays [rows, ...]) -> global arrays with rows split over fsdp.
+
+    Each process passes only its own rows, the same number on every process; the global batch
+    is all processes' rows stacked in the order of their devices on the fsdp axis (process
+    order for `make_mesh`), see docs/scale_plan.md. On one process the rows are the whole batch.
+    """
+    sharding = NamedSharding(mesh, batch_spec())
+    me = jax.process_index()
+    # fsdp positions with a device of this process: each takes an equal block of the local rows.
+    by_fsdp = np.moveaxis(mesh.devices, mesh.axis_names.index(FSDP), 0)
+    by_fsdp = by_fsdp.reshape(mesh.shape[FSDP], -1)
+    shards = sum(any(d.process_index == me for d in devices) for devices in by_fsdp)
+    for name, x in local_rows.items():
+        if x.shape[0] % shards:
+            raise ValueError(f"batch field {name!r} has {x.shape[0]} rows, which do not split over "
+                             f"the {shards} fsdp shards of process {me}")
+    return jax.make_array_from_process_local_data(sharding, local_rows)
 
 
 def cache_specs(config: ModelConfig, mesh: Mesh, batch: int) -> KVCache:

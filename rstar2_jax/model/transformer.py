@@ -11,6 +11,7 @@ positions as the unpadded rows would. Logits at pad positions are garbage (finit
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -46,23 +47,97 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S] bool -> [B, T, H, D]."""
-    b, t, h, d = q.shape
+    """Grouped-query attention. q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S] bool -> [B, T, H, D].
+
+    Many-token attention (prefill, training) has a hand-written backward pass (`_attention_bwd`):
+    it keeps q, k, v, the output and the softmax's row max and sum, and recomputes the
+    probabilities, where autodiff would store two [B, H, T, S] arrays per layer (1 GiB per layer
+    at 16 x 512 tokens, 8 heads) and transpose them. A decode step (T = 1) takes
+    `_decode_attention`.
+    """
+    if q.shape[1] == 1:
+        return _decode_attention(q, k, v, mask)
+    return _attention(q, k, v, mask)
+
+
+def _decode_attention(q, k, v, mask):
+    """`attention` of one query token per row. XLA:CPU runs it ~2x faster with the key slots
+    ahead of the query heads in the scores ([B, K, S, G]) than in the many-token order."""
+    b, _, h, d = q.shape
     kv_heads = k.shape[1]
-    group = h // kv_heads
-    # Query head h reads kv head h // group: stack each kv head's queries, m = (t, g).
-    q = q.reshape(b, t, kv_heads, group, d).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * group, d)
-    # XLA:CPU runs single-token (decode) attention ~2x faster with the key slots ahead of the
-    # queries in the scores, and many-token attention faster the other way round.
-    order = "bksm" if t == 1 else "bkms"
-    visible = jnp.repeat(mask, group, axis=1)[:, None]  # [B, 1, M, S]
-    if t == 1:
-        visible = jnp.swapaxes(visible, 2, 3)
-    scores = jnp.einsum(f"bkmd,bksd->{order}", q, k, preferred_element_type=jnp.float32) * d**-0.5
-    scores = jnp.where(visible, scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=order.index("s")).astype(v.dtype)
-    out = jnp.einsum(f"{order},bksd->bkmd", probs, v)
-    return out.reshape(b, kv_heads, t, group, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
+    q = q.reshape(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head h reads kv head h // G
+    scores = jnp.einsum("bkgd,bksd->bksg", q, k, preferred_element_type=jnp.float32) * d**-0.5
+    scores = jnp.where(mask[:, 0, None, :, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=2).astype(v.dtype)
+    return jnp.einsum("bksg,bksd->bkgd", probs, v).reshape(b, 1, h, d)
+
+
+def _grouped(x, kv_heads):
+    """Per-query-head x [B, T, H, D] -> [B, K, G, T, D]: query head h reads kv head h // G."""
+    b, t, h, d = x.shape
+    return x.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+
+
+def _ungrouped(x):
+    """[B, K, G, T, D] -> [B, T, H, D]."""
+    b, kv_heads, group, t, d = x.shape
+    return x.transpose(0, 3, 1, 2, 4).reshape(b, t, kv_heads * group, d)
+
+
+def _masked_scores(q, k, mask):
+    """float32 scaled scores [B, K, G, T, S] of grouped q and k, _MASKED where mask is False."""
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    return jnp.where(mask[:, None, None], scores * q.shape[-1]**-0.5, _MASKED)
+
+
+def _attention_fwd(q, k, v, mask):
+    qg = _grouped(q, k.shape[1])
+    scores = _masked_scores(qg, k, mask)
+    # jax.nn.softmax, keeping its row max and sum for the backward pass.
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    unnormalized = jnp.exp(scores - row_max)
+    row_sum = jnp.sum(unnormalized, axis=-1, keepdims=True)
+    probs = (unnormalized / row_sum).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v, preferred_element_type=jnp.float32)
+    return _ungrouped(out.astype(v.dtype)), (q, k, v, mask, out, row_max, row_sum)
+
+
+def _attention_bwd(res, d_out):
+    q, k, v, mask, out, row_max, row_sum = res  # out: float32 [B, K, G, T, D]
+    kv_heads = k.shape[1]
+    qg = _grouped(q, kv_heads)
+    probs = jnp.exp(_masked_scores(qg, k, mask) - row_max) / row_sum  # float32 [B, K, G, T, S]
+    d_out_g = _grouped(d_out, kv_heads)
+    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(v.dtype), d_out_g)
+    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out_g, v, preferred_element_type=jnp.float32)
+    # Softmax backward, with sum_s probs * d_probs = sum_d out * d_out (no pass over [T, S]).
+    # Masked scores get no gradient: a fully masked row's uniform probabilities must not leak.
+    row_dot = jnp.sum(out * d_out_g.astype(jnp.float32), axis=-1, keepdims=True)
+    d_scores = jnp.where(mask[:, None, None], probs * (d_probs - row_dot), 0.0)
+    d_scores = (d_scores * q.shape[-1]**-0.5).astype(q.dtype)
+    d_q = _ungrouped(jnp.einsum("bkgts,bksd->bkgtd", d_scores, k))
+    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_scores, qg)
+    return d_q, d_k, d_v, None
+
+
+@jax.custom_vjp
+def _attention(q, k, v, mask):
+    return _attention_fwd(q, k, v, mask)[0]
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """x [..., *in] @ w [*in, *out] -> [..., *out], with `n_in` contracted axes, as one 2-D matmul.
+
+    XLA:CPU lowers the weight gradient of a 3-D einsum such as "bte,ef->btf" with a physical
+    transpose of the whole [B*T, F] activation gradient (half the MLP's backward time at 16 x 512
+    tokens); the same product on [B*T, E] x [E, F] needs none.
+    """
+    lead, inner, outer = x.shape[:x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
+    y = x.reshape(math.prod(lead), math.prod(inner)) @ w.reshape(math.prod(inner), math.prod(outer))
+    return y.reshape(*lead, *outer)
 
 
 def embed(params: dict, tokens: jax.Array) -> jax.Array:
@@ -82,9 +157,7 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
     the keys are this call's own tokens (S = T); with it, whatever it returns (see `AttendTo`).
     """
     h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
-    q = jnp.einsum("bte,ehd->bthd", h, p["q"])
-    k = jnp.einsum("bte,ekd->btkd", h, p["k"])
-    v = jnp.einsum("bte,ekd->btkd", h, p["v"])
+    q, k, v = _dense(h, p["q"]), _dense(h, p["k"]), _dense(h, p["v"])
     if config.attention_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if config.qk_norm:
@@ -97,11 +170,11 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
         k, v = attend_to(k, v)
         # The cache may be stored in another dtype than the model computes in.
         k, v = k.astype(q.dtype), v.astype(q.dtype)
-    x = x + jnp.einsum("bthd,hde->bte", attention(q, k, v, mask), p["o"])
+    x = x + _dense(attention(q, k, v, mask), p["o"], n_in=2)
 
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
-    gated = jax.nn.silu(jnp.einsum("bte,ef->btf", h, p["gate"])) * jnp.einsum("bte,ef->btf", h, p["up"])
-    return x + jnp.einsum("btf,fe->bte", gated, p["down"])
+    gated = jax.nn.silu(_dense(h, p["gate"])) * _dense(h, p["up"])
+    return x + _dense(gated, p["down"])
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,

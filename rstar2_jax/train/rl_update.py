@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rstar2_jax.algorithms import policy_loss
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import batch_spec, named_shardings
+from rstar2_jax.sharding import batch_spec, named_shardings, place_batch
 from rstar2_jax.train.configs import RLConfig
 from rstar2_jax.train.step import TrainState, make_train_step
 
@@ -110,6 +110,10 @@ class RLUpdate:
         self._old_passes = {}  # row chunks -> jitted old log-prob pass
         self._make_step = lambda micro: make_train_step(
             loss, optimizer, micro_batches=micro, mesh=mesh, param_specs=param_specs, params=params)
+        # Mini-batch j: rows j, j + n, ... (n = mini_batches); strided, so balanced over devices.
+        self._mini_batch = jax.jit(
+            lambda rows, j: jax.tree.map(lambda x: x[j::config.mini_batches], rows),
+            static_argnums=1, out_shardings=self._rows)
 
     def row_multiple(self) -> int:
         """Row counts are padded up to a multiple of this (with rows that carry no loss token)."""
@@ -118,10 +122,10 @@ class RLUpdate:
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, float]]:
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
-        rows = batch["tokens"].shape[0]
+        shifted = place_batch(_shift(batch), self.mesh)
+        rows = shifted["inputs"].shape[0]  # of all processes
         rows_per_update = rows // self.config.mini_batches
         micro = rows_per_update // (self.config.micro_batch_size or rows_per_update)
-        shifted = jax.device_put(_shift(batch), self._rows)
 
         chunks = micro * self.config.mini_batches
         if chunks not in self._old_passes:
@@ -131,11 +135,10 @@ class RLUpdate:
             self._steps[micro] = self._make_step(micro)
         step_fn = self._steps[micro]
         per_update = []
+        update_rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
+        update_rows["old_logp"] = old_logp
         for j in range(self.config.mini_batches):
-            rows_j = np.arange(j, rows, self.config.mini_batches)  # strided: balanced over devices
-            mb = {k: v[rows_j] for k, v in shifted.items() if k != "sampler_logp"}
-            mb["old_logp"] = old_logp[rows_j]
-            state, metrics = step_fn(state, jax.device_put(mb, self._rows))
+            state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {k: float(v) for k, v in jax.device_get(stats).items()}
 

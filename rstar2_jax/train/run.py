@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from rstar2_jax.config import config_to_dict
 from rstar2_jax.model import ModelConfig, load_hf
-from rstar2_jax.sharding import batch_spec, make_mesh, param_specs, shard_params
+from rstar2_jax.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import CheckpointConfig, MeshConfig, ModelSource, OptimizerConfig
 from rstar2_jax.train.metrics import MetricsLogger
@@ -132,9 +131,3 @@ def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
             _warn_config_changes(a, b, f"{prefix}{key}.")
         elif a != b:
             log.warning("resuming with %s%s=%r (the checkpoint was written with %r)", prefix, key, b, a)
-
-
-def device_batch(batch: dict, run: Run) -> dict:
-    """Host arrays [rows, ...] -> device arrays with rows split over "fsdp"."""
-    return jax.device_put({k: jnp.asarray(v) for k, v in batch.items()},
-                          jax.sharding.NamedSharding(run.mesh, batch_spec()))

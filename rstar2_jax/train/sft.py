@@ -20,9 +20,10 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, token_logprobs
+from rstar2_jax.sharding import place_batch
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
-from rstar2_jax.train.run import device_batch, start_run
+from rstar2_jax.train.run import start_run
 from rstar2_jax.train.step import TrainState, make_train_step
 
 
@@ -124,7 +125,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
                 rows = order[index * config.batch_size:(index + 1) * config.batch_size]
                 batch = pad_batch([examples[i] for i in rows], config.seq_len, pad_id)
                 real_tokens = int(batch["attention_mask"].sum())
-                batch = device_batch(batch, run)
+                batch = place_batch(batch, run.mesh)
             start = time.perf_counter()
             with timer("update"):
                 state, metrics = train_step(run.state, batch)
