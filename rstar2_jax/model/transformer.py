@@ -51,8 +51,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
     Many-token attention (prefill, training) has a hand-written backward pass (`_attention_bwd`):
     it keeps q, k, v, the output and the softmax's row max and sum, and recomputes the
-    probabilities, where autodiff would store two [B, H, T, S] arrays per layer (1 GiB per layer
-    at 16 x 512 tokens, 8 heads) and transpose them. A decode step (T = 1) takes
+    probabilities, where autodiff would store two float32 [B, H, T, S] arrays per layer (2.1 GB
+    for 8 layers, 8 heads, 16 x 512 tokens) and transpose them. A decode step (T = 1) takes
     `_decode_attention`.
     """
     if q.shape[1] == 1:
@@ -132,8 +132,8 @@ def _dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     """x [..., *in] @ w [*in, *out] -> [..., *out], with `n_in` contracted axes, as one 2-D matmul.
 
     XLA:CPU lowers the weight gradient of a 3-D einsum such as "bte,ef->btf" with a physical
-    transpose of the whole [B*T, F] activation gradient (half the MLP's backward time at 16 x 512
-    tokens); the same product on [B*T, E] x [E, F] needs none.
+    transpose of the whole [B*T, F] activation gradient (a third of a train step's time at
+    16 x 512 tokens); the same product on [B*T, E] x [E, F] needs none.
     """
     lead, inner, outer = x.shape[:x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
     y = x.reshape(math.prod(lead), math.prod(inner)) @ w.reshape(math.prod(inner), math.prod(outer))
