@@ -84,24 +84,26 @@ def time_matmul_floor(path, prompts, new_tokens, repeats):
 
     config, params = load_hf(path)
     layers = params["layers"]
-    mats = [layers[name].reshape(config.num_layers, config.hidden_size, -1)
-            for name in ("q", "k", "v", "gate", "up")]
-    o = layers["o"].reshape(config.num_layers, -1, config.hidden_size)
+    # One array per layer and matrix: slicing a stacked array inside the loop would copy it.
+    names = ("q", "k", "v", "o", "gate", "up", "down")
+    shapes = {"q": (config.hidden_size, -1), "k": (config.hidden_size, -1),
+              "v": (config.hidden_size, -1), "o": (-1, config.hidden_size)}
+    weights = [{n: layers[n][i].reshape(shapes.get(n, layers[n][i].shape)) for n in names}
+               for i in range(config.num_layers)]
     head = params["embed"].T
     x = jnp.ones((len(prompts), config.hidden_size), jnp.float32)
 
     @jax.jit
-    def steps(x, mats, o, down, head):
+    def steps(x, weights, head):
         def step(_, x):
-            for i in range(config.num_layers):
-                q, k, v, gate, up = (m[i] for m in mats)
-                attn = jnp.concatenate([x @ q, x @ k, x @ v], axis=1)[:, : q.shape[1]]
-                x = x + attn @ o[i]
-                x = x + ((x @ gate) * (x @ up)) @ down[i]
+            for w in weights:
+                attn = jnp.concatenate([x @ w["q"], x @ w["k"], x @ w["v"]], axis=1)
+                x = x + attn[:, : w["q"].shape[1]] @ w["o"]
+                x = x + ((x @ w["gate"]) * (x @ w["up"])) @ w["down"]
             return x + (x @ head)[:, : x.shape[1]] * 1e-6
         return jax.lax.fori_loop(0, new_tokens, step, x)
 
-    args = (x, mats, o, layers["down"], head)
+    args = (x, weights, head)
     jax.block_until_ready(steps(*args))
     times = []
     for _ in range(repeats):
