@@ -79,7 +79,7 @@ class DemoConfig:
     model: ToyModel = field(default_factory=ToyModel)
     # Copying the question's numbers into the program is the slow skill: the SFT loss sits at a
     # plateau (format learned, digits guessed) for ~450 steps at this learning rate, then drops.
-    sft_epochs: int = 10
+    sft_epochs: int = 13
     sft_batch_size: int = 16
     sft_seq_len: int = 336
     sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
