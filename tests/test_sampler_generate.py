@@ -102,8 +102,8 @@ def test_no_recompilation_inside_warm_buckets(checkpoint):
 
 
 def test_cache_follows_the_longest_row(checkpoint, monkeypatch):
-    """The cache grows past its first bucket as rows lengthen and shrinks once they are
-    released; tokens are those of transformers throughout."""
+    """The cache grows past its first bucket as rows lengthen and shrinks once they finish and
+    short rows take their slots; tokens are those of transformers throughout."""
     path, config, params = checkpoint
     sizes = []
 
@@ -118,7 +118,7 @@ def test_cache_follows_the_longest_row(checkpoint, monkeypatch):
 
     assert [g.tokens for g in ours] == hf_greedy(path, PROMPTS, new)
     grown = next(i for i, size in enumerate(sizes) if size > 128)
-    assert 128 in sizes[grown:]  # shrank back when the first rows were released
+    assert 128 in sizes[grown:]  # shrank back when the next prompts replaced the long rows
 
 
 @pytest.mark.parametrize("release", [True, False])

@@ -9,8 +9,8 @@ number of new tokens (no early stop) from 32-token prompts; compile / warm-up ru
 and the median of the repeats is reported. Each measurement runs in its own process, so that
 neither library's thread pools slow the other down.
 
-The last column bounds what any float32 decoder can reach here: the tokens/s if a decode step
-cost nothing but its weight matmuls ([batch, 512] times every layer's q, k, v, o, gate, up, down
+The last two columns bound what any float32 decoder can reach here: the tokens/s if a decode
+step cost nothing but its weight matmuls ([batch, 512] times every layer's q, k, v, o, gate, up, down
 and the vocab head), timed as one jitted loop of exactly those matmuls, with no attention,
 norms, cache writes or sampling.
 """
@@ -114,7 +114,7 @@ def time_matmul_floor(path, prompts, new_tokens, repeats):
 
 
 def measure(side: str, path: str, batch: int, args) -> float:
-    """Seconds per generate call of `side` ("ours" | "transformers"), in a fresh process."""
+    """Seconds per call of `side` ("ours" | "transformers" | "floor"), in a fresh process."""
     out = subprocess.run(
         [sys.executable, __file__, "--side", side, "--path", path, "--batches", str(batch),
          "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
