@@ -10,9 +10,9 @@ and the median of the repeats is reported. Each measurement runs in its own proc
 neither library's thread pools slow the other down.
 
 The last two columns bound what any float32 decoder can reach here: the tokens/s if a decode
-step cost nothing but its weight matmuls ([batch, 512] times every layer's q, k, v, o, gate, up, down
-and the vocab head), timed as one jitted loop of exactly those matmuls, with no attention,
-norms, cache writes or sampling.
+step cost nothing but its weight matmuls ([batch, 512] times every layer's q, k, v, o, gate,
+up, down and the vocab head), timed as one jitted loop of exactly those matmuls, with no
+attention, norms, cache writes or sampling.
 """
 from __future__ import annotations
 
