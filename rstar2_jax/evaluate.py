@@ -173,7 +173,7 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
         temperature=config.temperature, max_turns=config.max_turns,
         max_response_tokens=config.max_response_tokens,
         max_prompt_tokens=config.max_prompt_tokens, rollout=config.rollout,
-        fmt=chat.FORMATS[config.model.chat_format], seed=config.seed)
+        fmt=chat.get_format(config.model.chat_format), seed=config.seed)
 
 
 def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
@@ -206,7 +206,7 @@ def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
         problems, samples=config.hard_subset.samples, temperature=config.rl.temperature,
         max_turns=config.stage.max_turns, max_response_tokens=config.stage.max_response_tokens,
         max_prompt_tokens=config.rl.max_prompt_tokens, rollout=config.rollout,
-        fmt=chat.FORMATS[config.model.chat_format], seed=config.seed)
+        fmt=chat.get_format(config.model.chat_format), seed=config.seed)
     kept = hard_subset(problems, records)
     save_problems(config.hard_subset.output, kept)
     return len(kept), len(problems)

@@ -17,7 +17,7 @@ from scripted_policy import FORMAT, make_policy, prompts_for
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from rstar2_jax.data.tokenizer import build_tokenizer
+    from rstar2_jax.toy.tokenizer import build_tokenizer
 
     corpus = ["Let me compute this with Python. print(6*7) answer boxed", FORMAT.prompt_text("q")]
     return build_tokenizer(corpus * 20, vocab_size=400)

@@ -37,11 +37,12 @@ def main() -> None:
     from rstar2_jax.model import load_hf
     from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
     from rstar2_jax.sandbox import SandboxPool
+    from rstar2_jax.toy import TOY_FORMAT
 
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     config, params = load_hf(args.policy)
     problems = load_problems(args.problems)[: args.questions]
-    prompts = [chat.encode_prompt(tokenizer, p.question, chat.TOY_FORMAT) for p in problems]
+    prompts = [chat.encode_prompt(tokenizer, p.question, TOY_FORMAT) for p in problems]
 
     class TimedPool:
         """Records each call's latency (submit to result)."""

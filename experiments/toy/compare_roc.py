@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from rstar2_jax.config import load_config
-from rstar2_jax.demo import DemoConfig, Evaluator, train_rl_policy, train_sft_policy
+from rstar2_jax.toy.demo import DemoConfig, Evaluator, train_rl_policy, train_sft_policy
 from rstar2_jax.plots import RL_PANELS, plot_curves
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.sandbox import SandboxPool

@@ -14,6 +14,8 @@ from typing import Literal
 
 from omegaconf import MISSING
 
+from rstar2_jax import chat
+
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
@@ -23,11 +25,17 @@ def _check(condition: bool, message: str) -> None:
 @dataclass(frozen=True)
 class ModelSource:
     """Initial weights: a Hugging Face checkpoint directory (config.json + safetensors), its
-    tokenizer, and the chat format (system prompt and user template) the model is trained with."""
+    tokenizer, and the chat format (system prompt and user template) the model is trained with:
+    a name registered with :func:`rstar2_jax.chat.register_format` ("rstar2" is built in)."""
 
     path: str = MISSING
     tokenizer: str | None = None  # defaults to ``path``
-    chat_format: Literal["rstar2", "toy"] = "rstar2"
+    chat_format: str = "rstar2"
+
+    def __post_init__(self):
+        _check(self.chat_format in chat.format_names(),
+               f"model.chat_format must be one of {', '.join(chat.format_names())} (formats "
+               f"registered with rstar2_jax.chat.register_format), got {self.chat_format!r}")
 
     @property
     def tokenizer_path(self) -> str:

@@ -121,7 +121,7 @@ def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None =
                                   max_prompt_tokens=config.rl.max_prompt_tokens),
                 SamplingParams(temperature=config.rl.temperature))
             loop = RLLoop(
-                config=config, tokenizer=tokenizer, fmt=chat.FORMATS[config.model.chat_format],
+                config=config, tokenizer=tokenizer, fmt=chat.get_format(config.model.chat_format),
                 problems=problems, sampler=sampler, verifier=verifier,
                 update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
                                 param_specs=run.param_specs, params=run.state.params),

@@ -15,7 +15,7 @@ Phases, in order, each timed (``<out>/`` holds everything it writes):
 ``*_model/`` directories are Hugging Face checkpoints with their tokenizer; ``rl_model/`` is the
 final policy. The demonstrations are deliberately imperfect (some answer from a mental
 estimate, some make a tool call that fails before the right one, see
-``rstar2_jax.data.sft_data``), so the SFT policy leaves RL something to improve; the summary
+``rstar2_jax.toy.sft_data``), so the SFT policy leaves RL something to improve; the summary
 compares the two policies on held-out problems. Running the job again with the same ``out``
 resumes SFT and RL from their checkpoints. docs/toy.md has the measured figures.
 """
@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rstar2_jax.data.build import ToyDataConfig, build_toy_data
+from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 from rstar2_jax.data.datasets import load_problems
-from rstar2_jax.data.toy import TOY_FORMAT
+from rstar2_jax.toy.format import TOY_FORMAT
 from rstar2_jax.evaluate import EvalReport, evaluate, write_samples
 from rstar2_jax.train.configs import (
     CheckpointConfig,
