@@ -25,8 +25,8 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem, load_problems
-from rstar2_jax.evaluate import score_rollouts
 from rstar2_jax.rewards import VerifierPool
+from rstar2_jax.runtime import score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
 from rstar2_jax.train.configs import RLJobConfig
