@@ -19,8 +19,8 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.runtime import score_rollouts
-from rstar2_jax.sampler import AgentSampler
-from rstar2_jax.train.configs import EvalConfig, RLJobConfig, RolloutSettings
+from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings
+from rstar2_jax.train.configs import EvalConfig, RLJobConfig
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -116,9 +116,8 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
 
 
 def sample_problems(model_config, params, tokenizer, problems: Sequence[Problem], *,
-                    samples: int, temperature: float, max_turns: int, max_response_tokens: int,
-                    max_prompt_tokens: int, rollout: RolloutSettings, fmt: chat.ChatFormat,
-                    seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
+                    samples: int, temperature: float, limits: RolloutLimits,
+                    rollout: RolloutSettings, fmt: chat.ChatFormat, seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
     """`evaluate` with its own sandbox and verifier pools, for the entry points."""
     from rstar2_jax.rewards import VerifierPool
     from rstar2_jax.sampler import SamplingParams
@@ -127,11 +126,8 @@ def sample_problems(model_config, params, tokenizer, problems: Sequence[Problem]
     ro = rollout
     with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
             VerifierPool(num_workers=ro.verifier_workers, timeout_s=ro.verifier_timeout_s) as verifier:
-        sampler = AgentSampler(
-            model_config, tokenizer, pool,
-            ro.sampler_config(max_turns=max_turns, max_response_tokens=max_response_tokens,
-                              max_prompt_tokens=max_prompt_tokens),
-            SamplingParams(temperature=temperature))
+        sampler = AgentSampler(model_config, tokenizer, pool, ro, limits,
+                               SamplingParams(temperature=temperature))
         return evaluate(sampler, params, verifier, problems, samples=samples, fmt=fmt,
                         ks=sorted({1, samples}), seed=seed)
 
@@ -147,9 +143,7 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
     return sample_problems(
         model_config, params, AutoTokenizer.from_pretrained(config.model.tokenizer_path),
         load_problems(config.dataset)[: config.limit], samples=config.samples,
-        temperature=config.temperature, max_turns=config.max_turns,
-        max_response_tokens=config.max_response_tokens,
-        max_prompt_tokens=config.max_prompt_tokens, rollout=config.rollout,
+        temperature=config.temperature, limits=config.limits, rollout=config.rollout,
         fmt=chat.get_format(config.model.chat_format), seed=config.seed)
 
 
@@ -181,8 +175,7 @@ def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
     _, records = sample_problems(
         model_config, params, AutoTokenizer.from_pretrained(config.model.tokenizer_path),
         problems, samples=config.hard_subset.samples, temperature=config.rl.temperature,
-        max_turns=config.stage.max_turns, max_response_tokens=config.stage.max_response_tokens,
-        max_prompt_tokens=config.rl.max_prompt_tokens, rollout=config.rollout,
+        limits=config.limits, rollout=config.rollout,
         fmt=chat.get_format(config.model.chat_format), seed=config.seed)
     kept = hard_subset(problems, records)
     save_problems(config.hard_subset.output, kept)

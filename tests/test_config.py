@@ -38,6 +38,9 @@ def test_yaml_then_overrides_in_order(tmp_path):
     ("optimizer.lr=-1", "optimizer.lr"),
     ("rl.group_size=64", "rl.group_size"),
     ("rl.group_size=8", "rl.rollouts_per_question"),
+    ("rollout.tool_response_chars=10", "rollout.tool_response_chars"),
+    ("rollout.sandbox_workers=0", "rollout.sandbox_workers"),
+    ("rollout.verifier_timeout_s=0", "rollout.verifier_timeout_s"),
     ("nonsense", "nonsense"),
 ])
 def test_bad_override_names_the_key(override, named):

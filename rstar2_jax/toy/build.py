@@ -30,7 +30,7 @@ class ToyDataConfig:
       seed: seeds the problems and the choice of demonstration styles.
       mix: fractions of demonstration styles.
       tool_response_chars, show_tool_time: how tool results are rendered in the demonstrations;
-        the RL rollout must use the same values (``RolloutConfig``) so the model sees one format.
+        the RL rollout must use the same values (``RolloutSettings``) so the model sees one format.
     """
 
     n_train: int = 4000

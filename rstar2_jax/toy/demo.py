@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 from rstar2_jax.data.datasets import load_problems
+from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 from rstar2_jax.toy.format import TOY_FORMAT
 from rstar2_jax.evaluate import EvalReport, evaluate, write_samples
 from rstar2_jax.train.configs import (
@@ -38,7 +39,6 @@ from rstar2_jax.train.configs import (
     OptimizerConfig,
     RLConfig,
     RLJobConfig,
-    RolloutSettings,
     SFTConfig,
     StageConfig,
 )
@@ -116,6 +116,12 @@ class DemoConfig:
             rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False,
                                     tool_timeout_s=2.0, sandbox_workers=1),
             max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
+
+    @property
+    def limits(self) -> RolloutLimits:
+        """Turn and token limits of every rollout, in RL and evaluation."""
+        return RolloutLimits(max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+                             max_prompt_tokens=self.rl.max_prompt_tokens)
 
     def __post_init__(self):
         if (self.rollout.tool_response_chars, self.rollout.show_tool_time) != (
@@ -250,12 +256,9 @@ class Evaluator:
         tokenizer = AutoTokenizer.from_pretrained(out / "data" / "tokenizer")
         self.cfg, self.verifier = cfg, verifier
         self.problems = load_problems(out / "data" / "test.jsonl")[:cfg.eval_problems]
-        self.sampler = AgentSampler(
-            toy_model_config(cfg.model, tokenizer), tokenizer, sandbox,
-            cfg.rollout.sampler_config(max_turns=cfg.max_turns,
-                                       max_response_tokens=cfg.max_response_tokens,
-                                       max_prompt_tokens=cfg.rl.max_prompt_tokens),
-            SamplingParams(temperature=cfg.eval_temperature))
+        self.sampler = AgentSampler(toy_model_config(cfg.model, tokenizer), tokenizer, sandbox,
+                                    cfg.rollout, cfg.limits,
+                                    SamplingParams(temperature=cfg.eval_temperature))
 
     def __call__(self, model_dir: Path, samples_path: Path) -> EvalReport:
         """Evaluates the policy in ``model_dir``; one JSONL record per sample to ``samples_path``."""

@@ -114,12 +114,8 @@ def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None =
         with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
                 VerifierPool(num_workers=ro.verifier_workers,
                              timeout_s=ro.verifier_timeout_s) as verifier:
-            sampler = AgentSampler(
-                run.model_config, tokenizer, pool,
-                ro.sampler_config(max_turns=config.stage.max_turns,
-                                  max_response_tokens=config.stage.max_response_tokens,
-                                  max_prompt_tokens=config.rl.max_prompt_tokens),
-                SamplingParams(temperature=config.rl.temperature))
+            sampler = AgentSampler(run.model_config, tokenizer, pool, ro, config.limits,
+                                   SamplingParams(temperature=config.rl.temperature))
             loop = RLLoop(
                 config=config, tokenizer=tokenizer, fmt=chat.get_format(config.model.chat_format),
                 problems=problems, sampler=sampler, verifier=verifier,
