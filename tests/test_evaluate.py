@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
-from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.evaluate import SampleRecord, evaluate, hard_subset, pass_at_k, write_samples
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
+from rstar2_jax.toy.tokenizer import build_tokenizer
 from scripted_policy import FORMAT, make_policy
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from rstar2_jax import chat
 from rstar2_jax.config import load_config
+from rstar2_jax.model import ModelConfig, init_params, save_hf
 from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.toy.tokenizer import build_tokenizer
-from rstar2_jax.model import ModelConfig, init_params, save_hf
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics

@@ -6,6 +6,7 @@
     sft_data.py   deliberately imperfect SFT demonstrations, run in the real sandbox
     build.py      the toy data directory: problem splits, demonstrations, tokenizer
     demo.py       the main job (``python -m rstar2_jax demo``): data, SFT, GRPO-RoC, evaluation
+    compare.py    RL variants side by side from one SFT policy (experiments/toy/compare_roc.py)
 
 The library core never imports this package; the CLI's ``demo`` command loads it lazily.
 """
