@@ -3,7 +3,6 @@ import json
 
 import jax
 
-from rstar2_jax import chat
 from rstar2_jax.cli import main
 from rstar2_jax.data.datasets import Problem, load_problems, save_problems
 from rstar2_jax.model import ModelConfig, init_params, save_hf
