@@ -1,5 +1,6 @@
 """The RL loop end to end: a tiny model, the real sandbox and verifier, a few GRPO-RoC steps,
-and a stopped-then-resumed run that repeats the uninterrupted one."""
+a stopped-then-resumed run that repeats the uninterrupted one, and one step each with an
+advantage estimator and a policy loss written here, outside the package."""
 import dataclasses
 import json
 
