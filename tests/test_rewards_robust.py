@@ -86,22 +86,26 @@ def test_integers_past_the_int_str_limit_compare_exactly(lead, pattern, length, 
     assert score(f"<answer>\\boxed{{{answer}.0}}</answer>", gold) == float(answer == gold)
 
 
+def _read_without_raising(text: str, gold: str) -> None:
+    """Every entry point returns a reward or a bool for `text` as a response, a box, an answer."""
+    _assert_reward(score(text, gold))
+    _assert_reward(score(f"<answer>\\boxed{{{text}}}</answer>", gold))
+    _assert_reward(score(f"<answer>{text}", gold))
+    assert is_equivalent(text, gold) in (True, False)
+    assert answer_matches(extract_boxes(text) or (text,), gold) in (True, False)
+    assert answer_matches([text, gold], gold) in (True, False)
+
+
 @settings_
 @given(any_text, st.sampled_from(GOLDS) | any_text)
 def test_any_text_is_read_without_raising(text, gold):
-    _assert_reward(score(text, gold))
-    _assert_reward(score(f"<answer>\\boxed{{{text}}}</answer>", gold))
-    assert is_equivalent(text, gold) in (True, False)
-    assert answer_matches([text, gold], gold) in (True, False)
+    _read_without_raising(text, gold)
 
 
 @settings_
 @given(latex_soup, st.sampled_from(GOLDS) | latex_soup)
 def test_latex_fragments_in_any_order_are_read_without_raising(text, gold):
-    _assert_reward(score(text, gold))
-    _assert_reward(score(f"<answer>{text}", gold))
-    assert is_equivalent(text, gold) in (True, False)
-    assert answer_matches(extract_boxes(text) or (text,), gold) in (True, False)
+    _read_without_raising(text, gold)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
