@@ -110,9 +110,12 @@ def released_penalty_terms(rollouts: Rollouts) -> tuple[jnp.ndarray, jnp.ndarray
       whose first assistant header is part of the prompt, so only turns 2, 3, ... count: a
       correct answer with no tool call gets p_format 1 and p_total 1.5 here, 0.5 in the paper.
 
-    Counted on the model's own text and the tool responses' texts, as the released regexes see
-    them, with one exception: an answer tag printed by a tool does not count here (the released
-    code, reading the whole text, lets a program's output change the format penalty).
+    The released regexes read the whole decoded response; here the counts come from the
+    trajectory's structure (`Rollouts`), which agrees with them except on text no well-formed
+    rollout holds: an answer tag or a `<|im_start|>assistant` printed by a tool (the released
+    code counts them, letting a program's output change the format penalty), an answer block
+    opened in one turn and closed in a later one (unpaired here), and a truncated last turn
+    (counted here; its reward is 0, and negatives' penalties are not used).
     """
     r = rollouts
     p_err, _ = penalty_terms(r.tool_calls, r.tool_error_mentions, r.answer_blocks, r.turns)
