@@ -2,8 +2,8 @@
 
     Algorithm(select=..., advantages=..., loss=...)
 
-The trainer calls the three functions once per RL step, in this order, and nothing else about
-the algorithm is written in the trainer:
+Each RL step the trainer calls ``select``, then ``advantages``, then ``loss`` on every
+micro-batch of the update; nothing else about the algorithm is written in the trainer:
 
 1. ``select(key, rollouts, group_size) -> Selection``. ``rollouts`` is a `Rollouts` of arrays
    ``[questions, n]`` (n rollouts sampled per question). It returns which rollouts form each
