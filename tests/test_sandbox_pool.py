@@ -2,6 +2,7 @@
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 
@@ -110,6 +111,19 @@ def test_installation_anywhere_is_importable(monkeypatch):
     assert read_only.status == "error" and "Read-only file system" in read_only.stderr, read_only
     # The scratch space is still private and writable; the installation under /tmp shows in it.
     assert scratch.stdout == f"{sorted(['mine', os.path.basename(home_tmp)])}\n", scratch
+
+
+def test_installation_that_calls_cannot_read_is_refused(monkeypatch, tmp_path):
+    from rstar2_jax.sandbox.filesystem import installation_paths
+
+    private = tmp_path / "private-site"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr("sys.path", sys.path + [str(private)])
+    with pytest.raises(PermissionError, match=f"{private}.*not readable by other users"):
+        installation_paths()
+    monkeypatch.setattr("sys.path", sys.path + ["/"])
+    with pytest.raises(ValueError, match="whole filesystem"):
+        installation_paths()
 
 
 def test_template_environment_is_built_not_inherited(monkeypatch):

@@ -15,7 +15,7 @@ on pipe EOF: a grandchild holding stdout open cannot stall it.
 
 Channel protocol (length-prefixed JSON via ``multiprocess.connection``; nothing is pickled):
   pool -> template: {"op": "run", "id": int, "code": str, "stdin": str} | {"op": "shutdown"}
-  template -> pool: {"op": "ready", "level": str, "pid": int}
+  template -> pool: {"op": "ready", "level": str, "memory": str, "pid": int}
                     | {"op": "result", "id": int, "result": ExecResult.to_dict()}
                     | {"op": "fatal", "error": str}
 """
