@@ -111,15 +111,31 @@ class ChatFormat:
         )
 
 
-# The toy model learns the protocol from its demonstrations, not from instructions, so a
-# one-line system turn will do; it keeps toy trajectories around 100-250 tokens.
-TOY_FORMAT = ChatFormat(
-    system_prompt=f"Solve the problem. You may call the tool {TOOL_NAME}.",
-    user_template="{question}",
-)
+# The formats a config can name (`ModelSource.chat_format`); a package adds its own with
+# `register_format` when it is imported.
+_FORMATS: dict[str, ChatFormat] = {"rstar2": ChatFormat()}
 
-# The formats a config can name (`ModelSource.chat_format`).
-FORMATS = {"rstar2": ChatFormat(), "toy": TOY_FORMAT}
+
+def register_format(name: str, fmt: ChatFormat) -> None:
+    """Makes ``fmt`` the chat format that configs name ``name`` (``model.chat_format``).
+
+    Registering the same format under its name again does nothing; another format under a taken
+    name is an error, so that a name always means one prompt.
+    """
+    if _FORMATS.setdefault(name, fmt) != fmt:
+        raise ValueError(f"chat format {name!r} is already registered as a different format")
+
+
+def format_names() -> tuple[str, ...]:
+    """The registered chat format names, sorted."""
+    return tuple(sorted(_FORMATS))
+
+
+def get_format(name: str) -> ChatFormat:
+    """The chat format registered as ``name``."""
+    if name not in _FORMATS:
+        raise ValueError(f"unknown chat format {name!r}; registered: {', '.join(format_names())}")
+    return _FORMATS[name]
 
 
 class Tokenizer(Protocol):

@@ -22,7 +22,7 @@ from rstar2_jax.config import ConfigError, load_config
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rstar2_jax.demo import DemoConfig, run_demo
+    from rstar2_jax.toy.demo import DemoConfig, run_demo
 
     run_demo(load_config(DemoConfig, args.config, args.overrides))
     return 0

@@ -2,26 +2,26 @@
 
 The paper's protocol (§5.1): 16 samples per problem at temperature 0.6, average pass@1, up to 30
 turns. `evaluate` runs any `AgentSampler` (its sampling settings and limits are the protocol) and
-scores every sample with the verifier pool; `write_samples` keeps one JSONL line per sample;
-`run_eval` does it all from an `EvalConfig`; `run_hard_subset` keeps the problems a policy does
+scores every sample with the verifier pool; `sample_problems` does so with the sampler and
+verifier of a `RolloutRuntime`; `write_samples` keeps one JSONL line per sample; `run_eval` does
+it all from an `EvalConfig`; `run_hard_subset` keeps the problems a policy does
 not solve k/k (the paper's stage-3 data).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import math
 import os
-import time
 from typing import Sequence
 
 import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
-from rstar2_jax.sampler import AgentSampler, Trajectory
-from rstar2_jax.train.configs import EvalConfig, RLJobConfig, RolloutSettings
+from rstar2_jax.runtime import RolloutRuntime, score_rollouts
+from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
+from rstar2_jax.train.configs import EvalConfig, RLJobConfig
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -73,28 +73,6 @@ class SampleRecord:
     response_text: str
 
 
-def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
-                   prompts: list[list[int]], samples: int, seed: int):
-    """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
-
-    Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
-    last rollout finished).
-    """
-    futures: dict[tuple[int, int], concurrent.futures.Future] = {}
-
-    def score(t: Trajectory) -> None:
-        if not t.truncated:  # a truncated rollout has no trustworthy final answer: reward 0
-            futures[t.prompt_index, t.sample_index] = verifier.submit(
-                t.response_text, problems[t.prompt_index].answer)
-
-    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
-    start = time.perf_counter()
-    rewards = np.zeros((len(prompts), samples), np.float32)
-    for (p, s), future in futures.items():
-        rewards[p, s] = future.result()
-    return trajs, rewards, stats, time.perf_counter() - start
-
-
 def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem], *,
              samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
              ks: Sequence[int] = (1,), seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
@@ -138,25 +116,16 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     return report, records
 
 
-def sample_problems(model_config, params, tokenizer, problems: Sequence[Problem], *,
-                    samples: int, temperature: float, max_turns: int, max_response_tokens: int,
-                    max_prompt_tokens: int, rollout: RolloutSettings, fmt: chat.ChatFormat,
+def sample_problems(runtime: RolloutRuntime, model_config, params, tokenizer,
+                    problems: Sequence[Problem], *, samples: int, temperature: float,
+                    limits: RolloutLimits, fmt: chat.ChatFormat,
                     seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
-    """`evaluate` with its own sandbox and verifier pools, for the entry points."""
-    from rstar2_jax.rewards import VerifierPool
-    from rstar2_jax.sampler import SamplingParams
-    from rstar2_jax.sandbox import SandboxPool
-
-    ro = rollout
-    with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
-            VerifierPool(num_workers=ro.verifier_workers, timeout_s=ro.verifier_timeout_s) as verifier:
-        sampler = AgentSampler(
-            model_config, tokenizer, pool,
-            ro.sampler_config(max_turns=max_turns, max_response_tokens=max_response_tokens,
-                              max_prompt_tokens=max_prompt_tokens),
-            SamplingParams(temperature=temperature))
-        return evaluate(sampler, params, verifier, problems, samples=samples, fmt=fmt,
-                        ks=sorted({1, samples}), seed=seed)
+    """`evaluate` with the runtime's sampler for this model, limits and temperature, and its
+    verifier; reports pass@1 and pass@`samples`."""
+    sampler = runtime.sampler(model_config, tokenizer, limits,
+                              SamplingParams(temperature=temperature))
+    return evaluate(sampler, params, runtime.verifier, problems, samples=samples, fmt=fmt,
+                    ks=sorted({1, samples}), seed=seed)
 
 
 def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
@@ -167,13 +136,13 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
     from rstar2_jax.model import load_hf
 
     model_config, params = load_hf(config.model.path)
-    return sample_problems(
-        model_config, params, AutoTokenizer.from_pretrained(config.model.tokenizer_path),
-        load_problems(config.dataset)[: config.limit], samples=config.samples,
-        temperature=config.temperature, max_turns=config.max_turns,
-        max_response_tokens=config.max_response_tokens,
-        max_prompt_tokens=config.max_prompt_tokens, rollout=config.rollout,
-        fmt=chat.FORMATS[config.model.chat_format], seed=config.seed)
+    with RolloutRuntime(config.rollout) as runtime:
+        return sample_problems(
+            runtime, model_config, params,
+            AutoTokenizer.from_pretrained(config.model.tokenizer_path),
+            load_problems(config.dataset)[: config.limit], samples=config.samples,
+            temperature=config.temperature, limits=config.limits,
+            fmt=chat.get_format(config.model.chat_format), seed=config.seed)
 
 
 def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
@@ -201,12 +170,13 @@ def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
             policy = tmp
         model_config, params = load_hf(policy)
     problems = load_problems(config.hard_subset.source)
-    _, records = sample_problems(
-        model_config, params, AutoTokenizer.from_pretrained(config.model.tokenizer_path),
-        problems, samples=config.hard_subset.samples, temperature=config.rl.temperature,
-        max_turns=config.stage.max_turns, max_response_tokens=config.stage.max_response_tokens,
-        max_prompt_tokens=config.rl.max_prompt_tokens, rollout=config.rollout,
-        fmt=chat.FORMATS[config.model.chat_format], seed=config.seed)
+    with RolloutRuntime(config.rollout) as runtime:
+        _, records = sample_problems(
+            runtime, model_config, params,
+            AutoTokenizer.from_pretrained(config.model.tokenizer_path), problems,
+            samples=config.hard_subset.samples, temperature=config.rl.temperature,
+            limits=config.limits, fmt=chat.get_format(config.model.chat_format),
+            seed=config.seed)
     kept = hard_subset(problems, records)
     save_problems(config.hard_subset.output, kept)
     return len(kept), len(problems)

@@ -9,8 +9,9 @@ from transformers import AutoTokenizer
 from transformers.models.qwen2 import Qwen2Tokenizer
 
 from rstar2_jax import chat
-from rstar2_jax.data.tokenizer import build_tokenizer
-from rstar2_jax.data.toy import TOY_FORMAT, make_splits
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.problems import make_splits
+from rstar2_jax.toy.tokenizer import build_tokenizer
 
 QUESTION = "What is 123456 * 654321 mod 997?"
 CODE = "print(123456 * 654321 % 997)"

@@ -3,11 +3,11 @@ import json
 
 import jax
 
-from rstar2_jax import chat
 from rstar2_jax.cli import main
 from rstar2_jax.data.datasets import Problem, load_problems, save_problems
-from rstar2_jax.data.tokenizer import build_tokenizer
 from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.config import load_config
@@ -20,7 +20,7 @@ LIMITS = ["max_turns=2", "max_response_tokens=12", "max_prompt_tokens=96", "roll
 def _policy(tmp_path):
     problems = [Problem(f"What is {i} + 1?", str(i + 1)) for i in range(3)]
     save_problems(tmp_path / "problems.jsonl", problems)
-    tokenizer = build_tokenizer([chat.TOY_FORMAT.prompt_text(p.question) for p in problems] * 5,
+    tokenizer = build_tokenizer([TOY_FORMAT.prompt_text(p.question) for p in problems] * 5,
                                 vocab_size=300)
     config = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=16,
                          intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,

@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 
+from rstar2_jax import chat
 from rstar2_jax.config import ConfigError, config_from_dict, config_to_dict, load_config
 from rstar2_jax.train.configs import OptimizerConfig, RLJobConfig, SFTConfig
 
@@ -37,6 +38,9 @@ def test_yaml_then_overrides_in_order(tmp_path):
     ("optimizer.lr=-1", "optimizer.lr"),
     ("rl.group_size=64", "rl.group_size"),
     ("rl.group_size=8", "rl.rollouts_per_question"),
+    ("rollout.tool_response_chars=10", "rollout.tool_response_chars"),
+    ("rollout.sandbox_workers=0", "rollout.sandbox_workers"),
+    ("rollout.verifier_timeout_s=0", "rollout.verifier_timeout_s"),
     ("nonsense", "nonsense"),
 ])
 def test_bad_override_names_the_key(override, named):
@@ -49,6 +53,20 @@ def test_bad_yaml_key_names_key_and_file(tmp_path):
     path.write_text("rl:\n  clip_low: 0.1\n")
     with pytest.raises(ConfigError, match=r"rl\.clip_low.*job\.yaml"):
         load_config(RLJobConfig, path, REQUIRED_RL)
+
+
+def test_chat_format_is_a_registered_name():
+    with pytest.raises(ConfigError, match=r"model\.chat_format must be one of .*rstar2.*'qwen'"):
+        load_config(RLJobConfig, overrides=REQUIRED_RL + ["model.chat_format=qwen"])
+    terse = chat.ChatFormat(system_prompt="Be brief.", user_template="Q: {question}")
+    chat.register_format("test_terse", terse)
+    chat.register_format("test_terse", terse)  # a module imported twice registers again
+    cfg = load_config(RLJobConfig, overrides=REQUIRED_RL + ["model.chat_format=test_terse"])
+    assert chat.get_format(cfg.model.chat_format) == terse
+    with pytest.raises(ValueError, match="already registered"):
+        chat.register_format("test_terse", chat.ChatFormat())
+    with pytest.raises(ValueError, match="unknown chat format 'qwen'; registered: .*rstar2"):
+        chat.get_format("qwen")
 
 
 def test_missing_required_keys_are_listed():

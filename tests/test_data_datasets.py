@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rstar2_jax.data.datasets import Problem, load_problems, save_problems
-from rstar2_jax.data.toy import make_splits
+from rstar2_jax.toy.problems import make_splits
 
 
 def _write_jsonl(path, rows):

@@ -9,10 +9,10 @@ import transformers
 from rstar2_jax import chat
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.data.datasets import load_problems
-from rstar2_jax.data.toy import TOY_FORMAT
-from rstar2_jax.demo import DemoConfig, run_demo
 from rstar2_jax.model import load_hf
 from rstar2_jax.sampler import generate
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.demo import DemoConfig, run_demo
 from rstar2_jax.train.metrics import read_metrics
 
 

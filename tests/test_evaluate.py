@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
-from rstar2_jax.data.tokenizer import build_tokenizer
 from rstar2_jax.evaluate import SampleRecord, evaluate, hard_subset, pass_at_k, write_samples
 from rstar2_jax.rewards import VerifierPool
-from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
+from rstar2_jax.toy.tokenizer import build_tokenizer
 from scripted_policy import FORMAT, make_policy
 
 
@@ -58,8 +58,9 @@ def test_evaluate_scores_every_sample(tmp_path):
 
     with SandboxPool(num_workers=1, timeout_s=2.0) as pool, VerifierPool(num_workers=1) as verifier:
         sampler = MarkedSampler(config, tokenizer, pool,
-                                RolloutConfig(num_slots=4, max_prompt_tokens=64, chunk=16,
-                                              max_response_tokens=300),
+                                RolloutSettings(num_slots=4, chunk=16),
+                                RolloutLimits(max_turns=10, max_response_tokens=300,
+                                              max_prompt_tokens=64),
                                 SamplingParams(temperature=0.0), forward_fn=forward)
         report, records = evaluate(sampler, params, verifier, problems, samples=3, fmt=FORMAT,
                                    ks=(1, 3))

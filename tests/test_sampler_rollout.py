@@ -10,14 +10,14 @@ import time
 import pytest
 
 from rstar2_jax import chat
-from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
 from scripted_policy import FORMAT, make_policy, prompts_for
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from rstar2_jax.data.tokenizer import build_tokenizer
+    from rstar2_jax.toy.tokenizer import build_tokenizer
 
     corpus = ["Let me compute this with Python. print(6*7) answer boxed", FORMAT.prompt_text("q")]
     return build_tokenizer(corpus * 20, vocab_size=400)
@@ -60,10 +60,11 @@ def expected_turn_ids(tokenizer, text):
 
 def make_sampler(tokenizer, executor, num_slots=4, **limits):
     config, params, forward, markers = make_policy(tokenizer, SCRIPTS)
-    cfg = RolloutConfig(num_slots=num_slots, max_prompt_tokens=64, show_tool_time=False,
-                        chunk=16, **{"max_turns": 4, "max_response_tokens": 600, **limits})
-    sampler = AgentSampler(config, tokenizer, executor, cfg, SamplingParams(temperature=0.0),
-                           forward_fn=forward)
+    settings = RolloutSettings(num_slots=num_slots, show_tool_time=False, chunk=16)
+    limits = RolloutLimits(**{"max_turns": 4, "max_response_tokens": 600, "max_prompt_tokens": 64,
+                              **limits})
+    sampler = AgentSampler(config, tokenizer, executor, settings, limits,
+                           SamplingParams(temperature=0.0), forward_fn=forward)
     return sampler, params, markers
 
 
@@ -184,5 +185,5 @@ def test_every_free_slot_is_filled_before_decoding(tokenizer, pool):
     trajs, _ = sampler.rollout(params, prompts_for(tokenizer, markers, [2] * 12))
     assert sampler._engine.stage_rows < 12
     turn = len(expected_turn_ids(tokenizer, SCRIPTS[2][0]))
-    assert sampler._engine.decode_calls == -(-turn // sampler.cfg.chunk)
+    assert sampler._engine.decode_calls == -(-turn // sampler.settings.chunk)
     assert [t.finish_reason for t in trajs] == ["answer"] * 12

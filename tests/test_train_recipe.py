@@ -82,13 +82,13 @@ def test_each_paper_stage_runs_one_rl_step(tmp_path, stage):
     sandbox, rewards from the verifier) on a tiny random checkpoint."""
     from rstar2_jax import chat
     from rstar2_jax.data.datasets import Problem, save_problems
-    from rstar2_jax.data.tokenizer import build_tokenizer
+    from rstar2_jax.toy.tokenizer import build_tokenizer
     from rstar2_jax.train.metrics import read_metrics
     from rstar2_jax.train.rl import run_rl
 
     problems = [Problem(f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
     save_problems(tmp_path / "problems.jsonl", problems)
-    fmt = chat.FORMATS["rstar2"]
+    fmt = chat.get_format("rstar2")
     tokenizer = build_tokenizer([fmt.prompt_text(p.question) for p in problems] * 3, vocab_size=600)
     model = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=16,
                         intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,

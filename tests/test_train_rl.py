@@ -9,8 +9,9 @@ import pytest
 from rstar2_jax import chat
 from rstar2_jax.config import load_config
 from rstar2_jax.data.datasets import Problem, save_problems
-from rstar2_jax.data.tokenizer import build_tokenizer
 from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.rl import question_batch, run_rl
@@ -33,7 +34,7 @@ def _conversation(p: Problem, tool: bool):
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("rl")
-    fmt = chat.FORMATS["toy"]
+    fmt = TOY_FORMAT
     conversations = [_conversation(p, tool=i % 2 == 0) for i, p in enumerate(PROBLEMS)]
     with open(d / "sft.jsonl", "w") as f:
         for c in conversations:

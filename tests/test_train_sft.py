@@ -13,8 +13,9 @@ import pytest
 
 from rstar2_jax import chat
 from rstar2_jax.config import load_config
-from rstar2_jax.data.tokenizer import build_tokenizer
 from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
@@ -36,7 +37,7 @@ def setup(tmp_path_factory):
     with open(d / "sft.jsonl", "w") as f:
         for c in conversations:
             f.write(json.dumps({"messages": c}) + "\n")
-    fmt = chat.FORMATS["toy"]
+    fmt = TOY_FORMAT
     corpus = [fmt.prompt_text(c[0]["content"]) for c in conversations]
     corpus += [m["content"] for c in conversations for m in c[1:]]
     tokenizer = build_tokenizer(corpus, vocab_size=300)
@@ -57,7 +58,7 @@ def _config(d, run):
 
 def test_loss_counts_only_assistant_tokens(setup):
     d, tokenizer, config = setup
-    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, chat.FORMATS["toy"], 256)[:1]
+    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[:1]
     assert 0 < sum(mask) < len(ids)
     batch = {k: jnp.asarray(v) for k, v in pad_batch([(ids, mask)], 256, pad_id=0).items()}
     params = init_params(config, jax.random.key(1))
@@ -78,7 +79,7 @@ def test_loss_counts_only_assistant_tokens(setup):
 
 def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
     d, tokenizer, _ = setup
-    fmt = chat.FORMATS["toy"]
+    fmt = TOY_FORMAT
     with pytest.raises(ValueError, match="line 1: .* more than seq_len=50"):
         encode_examples(str(d / "sft.jsonl"), tokenizer, fmt, 50)
     bad = tmp_path / "bad.jsonl"
@@ -95,6 +96,7 @@ def test_epoch_order_is_a_seeded_permutation():
 
 _KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
+    import rstar2_jax.toy  # registers model.chat_format=toy
     from rstar2_jax.config import load_config
     from rstar2_jax.train.configs import SFTConfig
     from rstar2_jax.train.sft import run_sft

@@ -35,13 +35,14 @@ def main() -> None:
 
     from rstar2_jax.data.datasets import load_problems
     from rstar2_jax.model import load_hf
-    from rstar2_jax.sampler import AgentSampler, RolloutConfig, SamplingParams
+    from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
     from rstar2_jax.sandbox import SandboxPool
+    from rstar2_jax.toy import TOY_FORMAT
 
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     config, params = load_hf(args.policy)
     problems = load_problems(args.problems)[: args.questions]
-    prompts = [chat.encode_prompt(tokenizer, p.question, chat.TOY_FORMAT) for p in problems]
+    prompts = [chat.encode_prompt(tokenizer, p.question, TOY_FORMAT) for p in problems]
 
     class TimedPool:
         """Records each call's latency (submit to result)."""
@@ -62,8 +63,8 @@ def main() -> None:
             timed = TimedPool(pool)
             sampler = AgentSampler(
                 config, tokenizer, timed,
-                RolloutConfig(max_turns=4, max_response_tokens=320, max_prompt_tokens=64,
-                              show_tool_time=False, num_slots=slots, chunk=32),
+                RolloutSettings(show_tool_time=False, num_slots=slots, chunk=32),
+                RolloutLimits(max_turns=4, max_response_tokens=320, max_prompt_tokens=64),
                 SamplingParams(temperature=1.0))
             sampler.rollout(params, prompts, args.samples)  # compile
             runs = []

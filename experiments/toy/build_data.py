@@ -13,10 +13,9 @@ import time
 from transformers import AutoTokenizer
 
 from rstar2_jax import chat
-from rstar2_jax.data import sft_data
-from rstar2_jax.data.build import ToyDataConfig, build_toy_data
-from rstar2_jax.data.toy import TOY_FORMAT
 from rstar2_jax.sandbox import SandboxPool
+from rstar2_jax.toy import TOY_FORMAT, sft_data
+from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 
 
 def main() -> None:

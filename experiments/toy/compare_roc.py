@@ -5,7 +5,7 @@
 Both runs sample 2G rollouts per question from the same SFT policy (``<out>/sft_model``, trained
 first if missing, exactly as the main job does). GRPO-RoC (the paper's rule) trains on the G it
 keeps; plain GRPO trains on all 2G. The script then evaluates both final policies on the
-held-out problems and writes
+held-out problems (``rstar2_jax.toy.compare.compare_rl_runs``) and writes
 
     <out>/compare_roc.png          the four training curves, both runs
     <out>/compare_roc_errors.png   tool-call error ratio among positive rollouts (paper Fig. 4)
@@ -20,11 +20,9 @@ import sys
 from pathlib import Path
 
 from rstar2_jax.config import load_config
-from rstar2_jax.demo import DemoConfig, Evaluator, train_rl_policy, train_sft_policy
 from rstar2_jax.plots import RL_PANELS, plot_curves
-from rstar2_jax.rewards import VerifierPool
-from rstar2_jax.sandbox import SandboxPool
-from rstar2_jax.train.metrics import read_metrics
+from rstar2_jax.toy.compare import compare_rl_runs
+from rstar2_jax.toy.demo import DemoConfig
 
 # run name -> (legend label, rl.roc_rule); "rl" is the main job's own run.
 RUNS = {"rl": ("GRPO-RoC (paper rule)", "paper"), "rl_grpo": ("GRPO (all 2G kept)", "none")}
@@ -33,20 +31,11 @@ RUNS = {"rl": ("GRPO-RoC (paper rule)", "paper"), "rl_grpo": ("GRPO (all 2G kept
 def main(overrides: list[str]) -> None:
     cfg = load_config(DemoConfig, overrides=overrides)
     out = Path(cfg.out)
-    curves, finals = {}, {}
-    with SandboxPool(num_workers=cfg.rollout.sandbox_workers, timeout_s=cfg.rollout.tool_timeout_s) \
-            as sandbox, VerifierPool(num_workers=cfg.rollout.verifier_workers) as verifier:
-        if not (out / "sft_model").is_dir():
-            train_sft_policy(cfg, sandbox)
-        evaluator = Evaluator(cfg, sandbox, verifier)
-        finals["sft"] = dataclasses.asdict(evaluator(out / "sft_model", out / "eval_sft.jsonl"))
-        for name, (label, rule) in RUNS.items():
-            run_cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, roc_rule=rule))
-            model = train_rl_policy(run_cfg, name)
-            report = evaluator(model, out / f"eval_{name}.jsonl")
-            finals[name] = dataclasses.asdict(report)
-            curves[label] = read_metrics(out / name)
-            print(f"{label}: {report.summary()}", flush=True)
+    reports, metrics = compare_rl_runs(cfg, {
+        name: dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, roc_rule=rule))
+        for name, (_, rule) in RUNS.items()})
+    finals = {name: dataclasses.asdict(report) for name, report in reports.items()}
+    curves = {label: metrics[name] for name, (label, _) in RUNS.items()}
     plot_curves(curves, out / "compare_roc.png")
     plot_curves(curves, out / "compare_roc_errors.png",
                 panels=[p for p in RL_PANELS if p[0] == "tools/error_ratio_positives"])

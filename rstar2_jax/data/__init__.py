@@ -1,1 +1,1 @@
-"""Problem sets, the toy task, its tokenizer and its SFT demonstrations."""
+"""Problem sets: JSONL and parquet problem files (`datasets.py`)."""

@@ -3,7 +3,8 @@ from rstar2_jax.sampler.engine import Engine
 from rstar2_jax.sampler.generate import Generation, generate
 from rstar2_jax.sampler.rollout import (
     AgentSampler,
-    RolloutConfig,
+    RolloutLimits,
+    RolloutSettings,
     RolloutStats,
     ToolCallRecord,
     Trajectory,
@@ -11,6 +12,6 @@ from rstar2_jax.sampler.rollout import (
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 __all__ = [
-    "AgentSampler", "Engine", "Generation", "RolloutConfig", "RolloutStats", "SamplingParams",
-    "ToolCallRecord", "Trajectory", "generate", "sample_tokens",
+    "AgentSampler", "Engine", "Generation", "RolloutLimits", "RolloutSettings", "RolloutStats",
+    "SamplingParams", "ToolCallRecord", "Trajectory", "generate", "sample_tokens",
 ]

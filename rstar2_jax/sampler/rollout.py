@@ -30,28 +30,67 @@ from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sandbox import render_result
 
 
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Limits and sizes of an agentic rollout.
+class RolloutSettings:
+    """How agentic rollouts run, whatever the job (a job config's ``rollout`` section).
+
+    num_slots: rows decoded together.
+    chunk: decode steps per device call at most.
+    tool_response_chars: the tool output shown to the model is cut to this many characters
+      (the middle is cut; head and tail kept, see `render_result`).
+    show_tool_time: include the execution time line in tool responses.
+      These two shape the text the model reads; they must match what its SFT data showed it.
+    tool_timeout_s: wall-clock limit of one tool call.
+    sandbox_workers: sandbox worker processes (None: one per core).
+    verifier_workers: answer-checking processes.
+    verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
+    """
+
+    num_slots: int = 64
+    chunk: int = 64
+    tool_response_chars: int = 1024
+    show_tool_time: bool = True
+    tool_timeout_s: float = 4.0
+    sandbox_workers: int | None = None
+    verifier_workers: int = 1
+    verifier_timeout_s: float = 4.0
+
+    def __post_init__(self):
+        _check(self.num_slots >= 1, f"rollout.num_slots must be >= 1, got {self.num_slots}")
+        _check(self.chunk >= 1, f"rollout.chunk must be >= 1, got {self.chunk}")
+        _check(self.tool_response_chars >= 64,
+               f"rollout.tool_response_chars must be >= 64, got {self.tool_response_chars}")
+        _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
+               f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
+        _check(self.verifier_workers >= 1,
+               f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
+        _check(self.verifier_timeout_s > 0,
+               f"rollout.verifier_timeout_s must be > 0, got {self.verifier_timeout_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutLimits:
+    """A job's limits on each trajectory (from its stage or evaluation config).
 
     max_turns: model turns per trajectory (a turn ends at `<|im_end|>`); the paper uses 10
       (15 in stage 3, 30 at evaluation).
     max_response_tokens: budget for everything after the prompt, model and tool tokens alike.
     max_prompt_tokens: longest prompt accepted.
-    tool_response_chars: tool output shown to the model is truncated to this many characters
-      (head and tail kept).
-    show_tool_time: include the execution time line in tool responses.
-    num_slots: rows decoded together.
-    chunk: decode steps per device call at most.
     """
 
-    max_turns: int = 10
-    max_response_tokens: int = 8192
-    max_prompt_tokens: int = 2048
-    tool_response_chars: int = 1000
-    show_tool_time: bool = True
-    num_slots: int = 64
-    chunk: int = 64
+    max_turns: int
+    max_response_tokens: int
+    max_prompt_tokens: int
+
+    def __post_init__(self):
+        _check(min(self.max_turns, self.max_response_tokens, self.max_prompt_tokens) >= 1,
+               f"rollout limits must be >= 1, got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,17 +188,19 @@ class AgentSampler:
       tokenizer: a Hugging Face tokenizer with the chat markup tokens.
       executor: runs tool calls; needs `submit(code, stdin) -> Future[ExecResult]` (a
         `SandboxPool`).
-      rollout: limits and sizes.
+      settings: decode slots and tool-output rendering (its pool fields are the runtime's).
+      limits: turns and tokens per trajectory.
       sampling: token selection (the paper trains at temperature 1.0, evaluates at 0.6).
       forward_fn: the cached forward (the model's by default; tests pass a scripted policy).
     """
 
-    def __init__(self, config: ModelConfig, tokenizer, executor, rollout: RolloutConfig,
-                 sampling: SamplingParams, forward_fn=forward_cached):
+    def __init__(self, config: ModelConfig, tokenizer, executor, settings: RolloutSettings,
+                 limits: RolloutLimits, sampling: SamplingParams, forward_fn=forward_cached):
         self.config = config
         self.tokenizer = tokenizer
         self.executor = executor
-        self.cfg = rollout
+        self.settings = settings
+        self.limits = limits
         self.sampling = sampling
         self.forward_fn = forward_fn
         self.im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
@@ -172,10 +213,10 @@ class AgentSampler:
     def _get_engine(self, params) -> Engine:
         if self._engine is None:
             self._engine = Engine(
-                params, self.config, num_slots=self.cfg.num_slots,
-                max_len=self.cfg.max_prompt_tokens + self.cfg.max_response_tokens,
-                max_prompt_len=self.cfg.max_prompt_tokens, sampling=self.sampling,
-                stop_tokens=self.stop_tokens, chunk=self.cfg.chunk,
+                params, self.config, num_slots=self.settings.num_slots,
+                max_len=self.limits.max_prompt_tokens + self.limits.max_response_tokens,
+                max_prompt_len=self.limits.max_prompt_tokens, sampling=self.sampling,
+                stop_tokens=self.stop_tokens, chunk=self.settings.chunk,
                 forward_fn=self.forward_fn,
             )
         self._engine.set_params(params)
@@ -194,11 +235,11 @@ class AgentSampler:
         Returns the trajectories ordered by (prompt, sample) and timing statistics.
         """
         for i, p in enumerate(prompts):
-            if not 1 <= len(p) <= self.cfg.max_prompt_tokens:
+            if not 1 <= len(p) <= self.limits.max_prompt_tokens:
                 raise ValueError(
-                    f"prompt {i} has {len(p)} tokens; must be 1..{self.cfg.max_prompt_tokens}")
+                    f"prompt {i} has {len(p)} tokens; must be 1..{self.limits.max_prompt_tokens}")
         engine = self._get_engine(params)
-        feeder = PromptFeeder(engine, prompts, samples_per_prompt, self.cfg.max_response_tokens,
+        feeder = PromptFeeder(engine, prompts, samples_per_prompt, self.limits.max_response_tokens,
                               seed)
         start = time.perf_counter()
         tool_wait = 0.0
@@ -259,7 +300,7 @@ class AgentSampler:
         if call is None:
             traj.finish_reason = "answer" if answers else "no_tool_call"
             return True
-        if traj.num_turns >= self.cfg.max_turns:
+        if traj.num_turns >= self.limits.max_turns:
             traj.finish_reason = "max_turns"
             return True
         row.call = call
@@ -281,14 +322,14 @@ class AgentSampler:
             else:
                 result = row.future.result()
                 status = result.status
-                text = render_result(result, max_chars=self.cfg.tool_response_chars,
-                                     show_time=self.cfg.show_tool_time)
+                text = render_result(result, max_chars=self.settings.tool_response_chars,
+                                     show_time=self.settings.show_tool_time)
             traj = row.traj
             traj.tool_calls.append(
                 ToolCallRecord(call.code, call.stdin, status, text, turn=traj.num_turns - 1))
             row.future, row.call, row.ready_text = None, None, None
             tool_ids = chat.encode_tool_response(self.tokenizer, text)
-            room = self.cfg.max_response_tokens - len(traj.response_ids) - len(tool_ids)
+            room = self.limits.max_response_tokens - len(traj.response_ids) - len(tool_ids)
             if room < 1:
                 # The response would not fit: end cleanly on the model's last turn.
                 traj.finish_reason = "budget"

@@ -14,6 +14,9 @@ from typing import Literal
 
 from omegaconf import MISSING
 
+from rstar2_jax import chat
+from rstar2_jax.sampler import RolloutLimits, RolloutSettings
+
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
@@ -23,11 +26,17 @@ def _check(condition: bool, message: str) -> None:
 @dataclass(frozen=True)
 class ModelSource:
     """Initial weights: a Hugging Face checkpoint directory (config.json + safetensors), its
-    tokenizer, and the chat format (system prompt and user template) the model is trained with."""
+    tokenizer, and the chat format (system prompt and user template) the model is trained with:
+    a name registered with :func:`rstar2_jax.chat.register_format` ("rstar2" is built in)."""
 
     path: str = MISSING
     tokenizer: str | None = None  # defaults to ``path``
-    chat_format: Literal["rstar2", "toy"] = "rstar2"
+    chat_format: str = "rstar2"
+
+    def __post_init__(self):
+        _check(self.chat_format in chat.format_names(),
+               f"model.chat_format must be one of {', '.join(chat.format_names())} (formats "
+               f"registered with rstar2_jax.chat.register_format), got {self.chat_format!r}")
 
     @property
     def tokenizer_path(self) -> str:
@@ -165,43 +174,6 @@ class RLConfig:
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
-    """How rollouts run: decode slots, tool execution and verification workers.
-
-    ``tool_response_chars`` and ``show_tool_time`` shape the tool output the model reads; they
-    must match what the SFT data showed it (rStar2: 1000 characters per stream, time shown).
-    """
-
-    num_slots: int = 64
-    chunk: int = 64
-    tool_response_chars: int = 1024
-    show_tool_time: bool = True
-    tool_timeout_s: float = 4.0
-    sandbox_workers: int | None = None  # None: one per core
-    verifier_workers: int = 1
-    verifier_timeout_s: float = 4.0
-
-    def __post_init__(self):
-        _check(self.num_slots >= 1, f"rollout.num_slots must be >= 1, got {self.num_slots}")
-        _check(self.chunk >= 1, f"rollout.chunk must be >= 1, got {self.chunk}")
-        _check(self.tool_response_chars >= 64,
-               f"rollout.tool_response_chars must be >= 64, got {self.tool_response_chars}")
-        _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
-        _check(self.verifier_workers >= 1,
-               f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
-
-    def sampler_config(self, *, max_turns: int, max_response_tokens: int, max_prompt_tokens: int):
-        """The `rstar2_jax.sampler.RolloutConfig` of these settings with a job's limits."""
-        from rstar2_jax.sampler import RolloutConfig
-
-        return RolloutConfig(max_turns=max_turns, max_response_tokens=max_response_tokens,
-                             max_prompt_tokens=max_prompt_tokens,
-                             tool_response_chars=self.tool_response_chars,
-                             show_tool_time=self.show_tool_time, num_slots=self.num_slots,
-                             chunk=self.chunk)
-
-
-@dataclass(frozen=True)
 class EvalConfig:
     """Agentic sampling of a problem set with a fixed policy (a Hugging Face directory).
 
@@ -222,6 +194,11 @@ class EvalConfig:
     limit: int | None = None  # evaluate the first `limit` problems only
     seed: int = 0
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
+
+    @property
+    def limits(self) -> RolloutLimits:
+        return RolloutLimits(max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+                             max_prompt_tokens=self.max_prompt_tokens)
 
     def __post_init__(self):
         _check(self.samples >= 1, f"samples must be >= 1, got {self.samples}")
@@ -279,4 +256,11 @@ class RLJobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     hard_subset: HardSubsetConfig | None = None
+
+    @property
+    def limits(self) -> RolloutLimits:
+        """The stage's turn and response limits with the RL prompt limit."""
+        return RolloutLimits(max_turns=self.stage.max_turns,
+                             max_response_tokens=self.stage.max_response_tokens,
+                             max_prompt_tokens=self.rl.max_prompt_tokens)
 

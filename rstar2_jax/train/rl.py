@@ -25,10 +25,9 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem, load_problems
-from rstar2_jax.evaluate import score_rollouts
 from rstar2_jax.rewards import VerifierPool
+from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
-from rstar2_jax.sandbox import SandboxPool
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import make_batch, rollout_metrics, select_rollouts
 from rstar2_jax.train.rl_update import RLUpdate
@@ -94,12 +93,20 @@ class RLLoop:
         return state, metrics
 
 
-def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None = None,
-           progress: bool = True) -> TrainState:
+def run_rl(config: RLJobConfig, *, runtime: RolloutRuntime | None = None,
+           on_step: Callable[[int, dict], None] | None = None, progress: bool = True) -> TrainState:
     """Runs one RL stage (`config.stage`), resuming from `run_dir` when it has a checkpoint.
 
-    `on_step(step, metrics)` is called after each step is logged. Returns the final state.
+    `runtime` runs the rollouts (a job with several phases passes the one it has entered; its
+    settings must be `config.rollout`); without one the stage starts its own. `on_step(step,
+    metrics)` is called after each step is logged. Returns the final state.
     """
+    if runtime is None:
+        with RolloutRuntime(config.rollout) as runtime:
+            return run_rl(config, runtime=runtime, on_step=on_step, progress=progress)
+    if runtime.settings != config.rollout:
+        raise ValueError(f"the runtime's settings {runtime.settings} are not the config's "
+                         f"rollout settings {config.rollout}")
     from transformers import AutoTokenizer  # heavy; only the entry points need it
 
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
@@ -109,28 +116,20 @@ def run_rl(config: RLJobConfig, *, on_step: Callable[[int, dict], None] | None =
                     mesh=config.mesh, checkpoint=config.checkpoint,
                     init_from=config.stage.init_from,
                     reset_optimizer=config.stage.reset_optimizer, progress=progress)
-    ro = config.rollout
     try:
-        with SandboxPool(num_workers=ro.sandbox_workers, timeout_s=ro.tool_timeout_s) as pool, \
-                VerifierPool(num_workers=ro.verifier_workers,
-                             timeout_s=ro.verifier_timeout_s) as verifier:
-            sampler = AgentSampler(
-                run.model_config, tokenizer, pool,
-                ro.sampler_config(max_turns=config.stage.max_turns,
-                                  max_response_tokens=config.stage.max_response_tokens,
-                                  max_prompt_tokens=config.rl.max_prompt_tokens),
-                SamplingParams(temperature=config.rl.temperature))
-            loop = RLLoop(
-                config=config, tokenizer=tokenizer, fmt=chat.FORMATS[config.model.chat_format],
-                problems=problems, sampler=sampler, verifier=verifier,
-                update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
-                                param_specs=run.param_specs, params=run.state.params),
-                pad_id=tokenizer.pad_token_id or 0)
-            for step in range(run.step, run.end_step):
-                state, metrics = loop.step(run.state, step, run.rng)
-                run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
-                if on_step is not None:
-                    on_step(run.step, metrics)
+        loop = RLLoop(
+            config=config, tokenizer=tokenizer, fmt=chat.get_format(config.model.chat_format),
+            problems=problems, verifier=runtime.verifier,
+            sampler=runtime.sampler(run.model_config, tokenizer, config.limits,
+                                    SamplingParams(temperature=config.rl.temperature)),
+            update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
+                            param_specs=run.param_specs, params=run.state.params),
+            pad_id=tokenizer.pad_token_id or 0)
+        for step in range(run.step, run.end_step):
+            state, metrics = loop.step(run.state, step, run.rng)
+            run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
+            if on_step is not None:
+                on_step(run.step, metrics)
         return run.state
     finally:
         run.close()

@@ -97,7 +97,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     from transformers import AutoTokenizer  # heavy; only SFT needs it
 
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
-    examples = encode_examples(config.data, tokenizer, chat.FORMATS[config.model.chat_format],
+    examples = encode_examples(config.data, tokenizer, chat.get_format(config.model.chat_format),
                                config.seq_len)
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:

@@ -16,8 +16,6 @@ import math
 import random
 from typing import Callable, Sequence
 
-from rstar2_jax.chat import TOY_FORMAT  # noqa: F401  (the toy's chat format, re-exported)
-
 
 @dataclasses.dataclass(frozen=True)
 class ToyProblem:

@@ -23,8 +23,8 @@ import random
 from typing import Iterable, Iterator, Sequence
 
 from rstar2_jax import chat
-from rstar2_jax.data.toy import ToyProblem
 from rstar2_jax.sandbox import ExecResult, Executor, render_result
+from rstar2_jax.toy.problems import ToyProblem
 
 STYLES = ("tool", "typo", "wrong_name", "bad_json", "no_tool")
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from rstar2_jax.data import sft_data, toy
 from rstar2_jax.data.datasets import save_problems
-from rstar2_jax.data.tokenizer import build_tokenizer
 from rstar2_jax.sandbox import Executor
+from rstar2_jax.toy import problems, sft_data
+from rstar2_jax.toy.format import TOY_FORMAT
+from rstar2_jax.toy.tokenizer import build_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ToyDataConfig:
       seed: seeds the problems and the choice of demonstration styles.
       mix: fractions of demonstration styles.
       tool_response_chars, show_tool_time: how tool results are rendered in the demonstrations;
-        the RL rollout must use the same values (``RolloutConfig``) so the model sees one format.
+        the RL rollout must use the same values (``RolloutSettings``) so the model sees one format.
     """
 
     n_train: int = 4000
@@ -49,7 +50,7 @@ class ToyDataConfig:
 def build_toy_data(directory: str | os.PathLike, config: ToyDataConfig, executor: Executor) -> None:
     """Writes the toy data directory (see the module docstring); ``executor`` runs the demo programs."""
     os.makedirs(directory, exist_ok=True)
-    train, test = toy.make_splits(config.n_train, config.n_test, seed=config.seed)
+    train, test = problems.make_splits(config.n_train, config.n_test, seed=config.seed)
     demos = sft_data.make_demos(
         train[: config.n_sft], executor, config.mix, seed=config.seed,
         max_chars=config.tool_response_chars, show_time=config.show_tool_time,
@@ -57,5 +58,5 @@ def build_toy_data(directory: str | os.PathLike, config: ToyDataConfig, executor
     save_problems(os.path.join(directory, "train.jsonl"), train)
     save_problems(os.path.join(directory, "test.jsonl"), test)
     sft_data.save_demos(os.path.join(directory, "sft.jsonl"), demos)
-    tokenizer = build_tokenizer(sft_data.corpus(demos, toy.TOY_FORMAT), config.vocab_size)
+    tokenizer = build_tokenizer(sft_data.corpus(demos, TOY_FORMAT), config.vocab_size)
     tokenizer.save_pretrained(os.path.join(directory, "tokenizer"))

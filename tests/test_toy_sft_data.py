@@ -7,12 +7,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from rstar2_jax import chat
-from rstar2_jax.data import sft_data
-from rstar2_jax.data.build import ToyDataConfig, build_toy_data
 from rstar2_jax.data.datasets import load_problems
-from rstar2_jax.data.tokenizer import build_tokenizer
-from rstar2_jax.data.toy import TOY_FORMAT, make_splits
 from rstar2_jax.sandbox import ExecResult, SandboxPool, render_result
+from rstar2_jax.toy import TOY_FORMAT, sft_data
+from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
+from rstar2_jax.toy.problems import make_splits
+from rstar2_jax.toy.tokenizer import build_tokenizer
 
 ALL_STYLES_MIX = sft_data.DemoMix(tool=0.25, first_call_error=0.6, no_tool=0.15)
 

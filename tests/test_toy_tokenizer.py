@@ -5,8 +5,9 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from rstar2_jax import chat
-from rstar2_jax.data.tokenizer import SPECIAL_TOKENS, TOOL_TOKENS, build_tokenizer
-from rstar2_jax.data.toy import TOY_FORMAT, make_splits
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.problems import make_splits
+from rstar2_jax.toy.tokenizer import SPECIAL_TOKENS, TOOL_TOKENS, build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ Phases, in order, each timed (``<out>/`` holds everything it writes):
 ``*_model/`` directories are Hugging Face checkpoints with their tokenizer; ``rl_model/`` is the
 final policy. The demonstrations are deliberately imperfect (some answer from a mental
 estimate, some make a tool call that fails before the right one, see
-``rstar2_jax.data.sft_data``), so the SFT policy leaves RL something to improve; the summary
+``rstar2_jax.toy.sft_data``), so the SFT policy leaves RL something to improve; the summary
 compares the two policies on held-out problems. Running the job again with the same ``out``
 resumes SFT and RL from their checkpoints. docs/toy.md has the measured figures.
 """
@@ -27,10 +27,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rstar2_jax.data.build import ToyDataConfig, build_toy_data
 from rstar2_jax.data.datasets import load_problems
-from rstar2_jax.data.toy import TOY_FORMAT
-from rstar2_jax.evaluate import EvalReport, evaluate, write_samples
+from rstar2_jax.evaluate import EvalReport, sample_problems, write_samples
+from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler import RolloutLimits, RolloutSettings
+from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
+from rstar2_jax.toy.format import TOY_FORMAT
 from rstar2_jax.train.configs import (
     CheckpointConfig,
     MeshConfig,
@@ -38,7 +40,6 @@ from rstar2_jax.train.configs import (
     OptimizerConfig,
     RLConfig,
     RLJobConfig,
-    RolloutSettings,
     SFTConfig,
     StageConfig,
 )
@@ -116,6 +117,12 @@ class DemoConfig:
             rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False,
                                     tool_timeout_s=2.0, sandbox_workers=1),
             max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
+
+    @property
+    def limits(self) -> RolloutLimits:
+        """Turn and token limits of every rollout, in RL and evaluation."""
+        return RolloutLimits(max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+                             max_prompt_tokens=self.rl.max_prompt_tokens)
 
     def __post_init__(self):
         if (self.rollout.tool_response_chars, self.rollout.show_tool_time) != (
@@ -224,49 +231,44 @@ def train_sft_policy(cfg: DemoConfig, sandbox, *, progress: bool = True) -> None
     export_model(out / "sft", out / "sft_model", tokenizer)
 
 
-def train_rl_policy(cfg: DemoConfig, name: str, *, progress: bool = True) -> Path:
-    """RL from ``<out>/sft_model`` in run directory ``<out>/<name>``; returns the exported
-    policy's directory ``<out>/<name>_model``."""
+def train_rl_policy(cfg: DemoConfig, name: str, runtime: RolloutRuntime, *,
+                    progress: bool = True) -> Path:
+    """RL from ``<out>/sft_model`` in run directory ``<out>/<name>``, rollouts by ``runtime``;
+    returns the exported policy's directory ``<out>/<name>_model``."""
     from transformers import AutoTokenizer
 
     from rstar2_jax.train.rl import run_rl
 
     out = Path(cfg.out)
-    run_rl(rl_config(cfg, out, name), progress=progress)
+    run_rl(rl_config(cfg, out, name), runtime=runtime, progress=progress)
     export_model(out / name, out / f"{name}_model", AutoTokenizer.from_pretrained(out / "sft_model"))
     return out / f"{name}_model"
 
 
 class Evaluator:
-    """The held-out evaluation of DemoConfig (``eval_*`` fields, the RL rollout limits), with one
-    compiled sampler for every policy of the toy model's shape."""
+    """The held-out evaluation of DemoConfig (``eval_*`` fields, the RL rollout limits) by
+    ``runtime``, with one compiled sampler for every policy of the toy model's shape."""
 
-    def __init__(self, cfg: DemoConfig, sandbox, verifier):
+    def __init__(self, cfg: DemoConfig, runtime: RolloutRuntime):
         from transformers import AutoTokenizer
 
-        from rstar2_jax.sampler import AgentSampler, SamplingParams
-
         out = Path(cfg.out)
-        tokenizer = AutoTokenizer.from_pretrained(out / "data" / "tokenizer")
-        self.cfg, self.verifier = cfg, verifier
+        self.cfg, self.runtime = cfg, runtime
+        self.tokenizer = AutoTokenizer.from_pretrained(out / "data" / "tokenizer")
+        self.model_config = toy_model_config(cfg.model, self.tokenizer)
         self.problems = load_problems(out / "data" / "test.jsonl")[:cfg.eval_problems]
-        self.sampler = AgentSampler(
-            toy_model_config(cfg.model, tokenizer), tokenizer, sandbox,
-            cfg.rollout.sampler_config(max_turns=cfg.max_turns,
-                                       max_response_tokens=cfg.max_response_tokens,
-                                       max_prompt_tokens=cfg.rl.max_prompt_tokens),
-            SamplingParams(temperature=cfg.eval_temperature))
 
     def __call__(self, model_dir: Path, samples_path: Path) -> EvalReport:
         """Evaluates the policy in ``model_dir``; one JSONL record per sample to ``samples_path``."""
         from rstar2_jax.model import load_hf
 
         model_config, params = load_hf(model_dir)
-        if model_config != self.sampler.config:
-            raise ValueError(f"{model_dir} holds a {model_config}, not the toy model {self.sampler.config}")
-        report, records = evaluate(self.sampler, params, self.verifier, self.problems,
-                                   samples=self.cfg.eval_samples, fmt=TOY_FORMAT,
-                                   ks=sorted({1, self.cfg.eval_samples}))
+        if model_config != self.model_config:
+            raise ValueError(f"{model_dir} holds a {model_config}, not the toy model {self.model_config}")
+        report, records = sample_problems(
+            self.runtime, model_config, params, self.tokenizer, self.problems,
+            samples=self.cfg.eval_samples, temperature=self.cfg.eval_temperature,
+            limits=self.cfg.limits, fmt=TOY_FORMAT)
         write_samples(samples_path, records)
         return report
 
@@ -278,8 +280,6 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
     summary table at the end.
     """
     from rstar2_jax.plots import plot_curves
-    from rstar2_jax.rewards import VerifierPool
-    from rstar2_jax.sandbox import SandboxPool
     from rstar2_jax.train.metrics import read_metrics
 
     out = Path(cfg.out)
@@ -292,18 +292,16 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
             print(f"[{time.perf_counter() - start:4.0f} s] {name}: {what}", flush=True)
         return _Timer(seconds, name)
 
-    with SandboxPool(num_workers=cfg.rollout.sandbox_workers, timeout_s=cfg.rollout.tool_timeout_s) \
-            as sandbox, VerifierPool(num_workers=cfg.rollout.verifier_workers,
-                                     timeout_s=cfg.rollout.verifier_timeout_s) as verifier:
+    with RolloutRuntime(cfg.rollout) as runtime:
         with phase("sft", f"toy data, a random model, supervised fine-tuning ({cfg.sft_epochs} epochs)"):
-            train_sft_policy(cfg, sandbox, progress=progress)
+            train_sft_policy(cfg, runtime.sandbox, progress=progress)
         with phase("eval_sft", f"{cfg.eval_problems} held-out problems x {cfg.eval_samples} samples"):
-            evaluator = Evaluator(cfg, sandbox, verifier)
+            evaluator = Evaluator(cfg, runtime)
             after_sft = evaluator(out / "sft_model", out / "eval_sft.jsonl")
         if progress:
             print(f"  after SFT: {after_sft.summary()}", flush=True)
         with phase("rl", f"GRPO-RoC ({cfg.rl.roc_rule} rule), {cfg.rl_steps} steps"):
-            final = train_rl_policy(cfg, "rl", progress=progress)
+            final = train_rl_policy(cfg, "rl", runtime, progress=progress)
         with phase("eval_rl", "the same evaluation of the RL policy"):
             after_rl = evaluator(final, out / "eval_rl.jsonl")
         if progress:

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from rstar2_jax.data.toy import KINDS, make_splits
+from rstar2_jax.toy.problems import KINDS, make_splits
 
 
 def test_same_seed_same_problems_and_different_seed_differs():
