@@ -200,7 +200,7 @@ def test_paper_rule_keeps_the_only_wrong_rollout():
 
 
 def released_negative_quota(num_neg, g):
-    """The released rule's negative quota, written from its description (rstar2.md §1.2)."""
+    """The released rule's negative quota, written from the released code's description."""
     num_pos = 2 * g - num_neg
     neg, pos = round(num_neg / 2), round(num_pos / 2)  # Python round: half to even
     if neg <= min(2, num_neg):

@@ -2,7 +2,7 @@
 the trainer: an `Algorithm` is three functions, select -> advantages -> loss
 (`rstar2_jax.algorithms.algorithm` has their contracts).
 
-One RL step of GRPO-RoC, per question with 2G rollouts (DESIGN.md §3):
+One RL step of GRPO-RoC, per question with 2G rollouts (docs/algorithms.md):
 
     selection  = roc_selection(key, rollouts, G)        # drop all-equal groups, RoC 2G -> G
     advantages = grpo_advantages(rollouts.take(selection.index))          # [groups, G]

@@ -1,6 +1,6 @@
 """Advantage estimators (`Algorithm.advantages`): group-relative advantages of GRPO and Dr. GRPO.
 
-DESIGN.md §3: for the G rollouts kept for one question,
+rStar2-Agent §2.2 (docs/algorithms.md): for the G rollouts kept for one question,
 
     A_i = (r_i - mean(r)) / (std(r) + eps)
 

@@ -3,7 +3,7 @@
 
 Per loss token t of rollout i, with ratio r = exp(logp - old_logp) and advantage A = A_i:
 
-    l_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          (DESIGN.md §3, paper Eq. 6)
+    l_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          (rStar2-Agent Eq. 6)
 
 Clip-Higher (eps_high = 0.28 > eps_low = 0.2) leaves more room for raising the probability of
 unlikely tokens. The gradient of l_t with respect to logp_t is -A * r where the unclipped branch

@@ -1,6 +1,6 @@
 """Resample-on-Correct (RoC): keep G of the 2G rollouts sampled for one question.
 
-rStar2-Agent §2.2 (DESIGN.md §3). The 2G rollouts split into positives (reward 1) and negatives
+rStar2-Agent §2.2 (docs/algorithms.md). The 2G rollouts split into positives (reward 1) and negatives
 (reward 0). Negatives are kept for diversity, uniformly; positives are kept for quality, preferring
 a low penalty
 
@@ -98,8 +98,8 @@ def paper_penalty_terms(rollouts: Rollouts) -> tuple[jnp.ndarray, jnp.ndarray]:
 
 
 def released_penalty_terms(rollouts: Rollouts) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """(p_err, p_format) as the released code counts them (research notes, rstar2.md §1.2 and
-    §1.3 items 4-5; `calc_error_ratio_penalty_weights`, `calc_format_penalty_weights`).
+    """(p_err, p_format) as the released code counts them (microsoft/rStar
+    `rstar2_agent/down_sample/roc.py`: `calc_error_ratio_penalty_weights`, `calc_format_penalty_weights`).
 
     - p_err: a tool response is an error when its text contains "error" in any case, so a
       timeout ("reason: timeout") is not one and an output that prints the word is; 0.5 with no
@@ -139,7 +139,7 @@ def paper_negative_quota(num_neg: jnp.ndarray, group_size: int) -> jnp.ndarray:
 
 
 def released_negative_quota(num_neg: jnp.ndarray, group_size: int) -> jnp.ndarray:
-    """Negatives kept out of 2G by the released rule (rstar2.md §1.2, "Quotas per uid").
+    """Negatives kept out of 2G by the released rule (microsoft/rStar `down_sample/roc.py`, quotas per uid).
 
     Quotas proportional to the class sizes, round(|neg| / 2) and round(|pos| / 2) with
     round-half-to-even (Python's `round`); a quota at or below min(2, class size) is raised to

@@ -1,6 +1,6 @@
 """The RL training loop: rollouts, rewards, selection, update, repeated.
 
-One RL step, for `questions_per_step` questions (DESIGN.md §3-4):
+One RL step, for `questions_per_step` questions (docs/algorithms.md):
 
     rollouts      n per question through the agentic sampler (tools run while rows decode)
     rewards       each finished rollout is scored by the verifier pool at once (overlapping

@@ -4,7 +4,7 @@ Input, one row per kept rollout, every per-token array aligned with ``tokens``::
 
     tokens          int32   [rows, seq]  prompt, generated and tool tokens, right-padded
     attention_mask  int32   [rows, seq]  1 on real tokens
-    loss_mask       int32   [rows, seq]  1 on tokens the model generated (DESIGN.md §2)
+    loss_mask       int32   [rows, seq]  1 on tokens the model generated
     advantages      float32 [rows]       the rollout's advantage (from the algorithm)
     sampler_logp    float32 [rows, seq]  log-prob the sampler gave each generated token
 
