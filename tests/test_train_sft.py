@@ -19,7 +19,7 @@ from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.sft import encode_examples, epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft import Conversations, epoch_order, pad_batch, run_sft, sft_loss
 
 
 def _conversation(i):
@@ -58,7 +58,7 @@ def _config(d, run):
 
 def test_loss_counts_only_assistant_tokens(setup):
     d, tokenizer, config = setup
-    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[:1]
+    ids, mask = Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[0]
     assert 0 < sum(mask) < len(ids)
     batch = {k: jnp.asarray(v) for k, v in pad_batch([(ids, mask)], 256, pad_id=0).items()}
     params = init_params(config, jax.random.key(1))
@@ -81,11 +81,11 @@ def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
     d, tokenizer, _ = setup
     fmt = TOY_FORMAT
     with pytest.raises(ValueError, match="line 1: .* more than seq_len=50"):
-        encode_examples(str(d / "sft.jsonl"), tokenizer, fmt, 50)
+        Conversations(str(d / "sft.jsonl"), tokenizer, fmt, 50)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": _conversation(0)}) + "\n" + '{"messages": [{"role": "user"}]}\n')
     with pytest.raises(ValueError, match="line 2: not a conversation"):
-        encode_examples(str(bad), tokenizer, fmt, 256)
+        Conversations(str(bad), tokenizer, fmt, 256)
 
 
 def test_epoch_order_is_a_seeded_permutation():

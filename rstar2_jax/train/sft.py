@@ -5,6 +5,9 @@ assistant)*]}``, encoded by :func:`rstar2_jax.chat.encode_conversation` exactly 
 builds trajectories; its loss mask is 1 on assistant tokens only, so prompts and tool outputs
 are attended to but never trained on. Batches are right-padded to ``seq_len``.
 
+Across processes, each process encodes and feeds only its rows of each batch
+(`rstar2_jax.sharding.process_rows`); the batch order depends only on the seed and the step.
+
 The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions.
 """
 from __future__ import annotations
@@ -20,39 +23,54 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import place_batch
+from rstar2_jax.sharding import place_batch, process_rows
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
 from rstar2_jax.train.run import start_run
 from rstar2_jax.train.step import TrainState, make_train_step
 
 
-def encode_examples(path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) of every conversation in the JSONL file at ``path``.
+class Conversations:
+    """The conversations of a JSONL file as (token ids, loss mask), encoded on demand.
+
+    Process ``process_index`` of ``process_count`` encodes lines ``process_index``,
+    ``process_index + process_count``, ... when built, which checks every line of the file
+    once over all processes, and keeps them; any other line is encoded when asked for. So each
+    process encodes about its share of the file, whichever rows its steps feed.
 
     Raises ValueError naming the line for a malformed row, a conversation longer than
     ``seq_len`` (truncating would silently train on a cut-off answer) or one with no
     assistant token.
     """
-    examples = []
-    with open(path) as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {line_number}"
-            try:
-                messages = json.loads(line)["messages"]
-                ids, mask = chat.encode_conversation(tokenizer, messages, fmt)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{where}: not a conversation ({e})") from None
-            if len(ids) > seq_len:
-                raise ValueError(f"{where}: {len(ids)} tokens, more than seq_len={seq_len}")
-            if not any(mask):
-                raise ValueError(f"{where}: no assistant token to train on")
-            examples.append((ids, mask))
-    if not examples:
-        raise ValueError(f"{path} holds no conversation")
-    return examples
+
+    def __init__(self, path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int, *,
+                 process_index: int = 0, process_count: int = 1):
+        self.path, self._tokenizer, self._fmt, self._seq_len = path, tokenizer, fmt, seq_len
+        with open(path) as f:
+            self._lines = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
+        if not self._lines:
+            raise ValueError(f"{path} holds no conversation")
+        self._own = {i: self._encode(i) for i in range(process_index, len(self), process_count)}
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self._own[i] if i in self._own else self._encode(i)
+
+    def _encode(self, i: int) -> tuple[list[int], list[int]]:
+        line_number, line = self._lines[i]
+        where = f"{self.path}, line {line_number}"
+        try:
+            messages = json.loads(line)["messages"]
+            ids, mask = chat.encode_conversation(self._tokenizer, messages, self._fmt)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: not a conversation ({e})") from None
+        if len(ids) > self._seq_len:
+            raise ValueError(f"{where}: {len(ids)} tokens, more than seq_len={self._seq_len}")
+        if not any(mask):
+            raise ValueError(f"{where}: no assistant token to train on")
+        return ids, mask
 
 
 def pad_batch(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> dict:
@@ -97,8 +115,9 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     from transformers import AutoTokenizer  # heavy; only SFT needs it
 
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
-    examples = encode_examples(config.data, tokenizer, chat.get_format(config.model.chat_format),
-                               config.seq_len)
+    examples = Conversations(config.data, tokenizer, chat.get_format(config.model.chat_format),
+                             config.seq_len, process_index=jax.process_index(),
+                             process_count=jax.process_count())
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"{config.data} has {len(examples)} conversations, fewer than "
@@ -116,16 +135,18 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     train_step = make_train_step(loss, run.optimizer,
                                  micro_batches=config.batch_size // micro_batch_size,
                                  mesh=run.mesh, param_specs=run.param_specs, params=run.state.params)
+    mine = process_rows(config.batch_size, run.mesh)  # of each global batch
+    count_tokens = jax.jit(jnp.sum)
     timer = PhaseTimer()
     try:
         for step in range(run.step, run.end_step):
             epoch, index = divmod(step, steps_per_epoch)
             with timer("data"):
                 order = epoch_order(len(examples), config.seed, epoch)
-                rows = order[index * config.batch_size:(index + 1) * config.batch_size]
-                batch = pad_batch([examples[i] for i in rows], config.seq_len, pad_id)
-                real_tokens = int(batch["attention_mask"].sum())
-                batch = place_batch(batch, run.mesh)
+                rows = order[index * config.batch_size:(index + 1) * config.batch_size][mine]
+                batch = place_batch(pad_batch([examples[i] for i in rows], config.seq_len, pad_id),
+                                    run.mesh)
+                real_tokens = int(count_tokens(batch["attention_mask"]))  # of all processes
             start = time.perf_counter()
             with timer("update"):
                 state, metrics = train_step(run.state, batch)
