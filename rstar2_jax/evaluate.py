@@ -123,7 +123,7 @@ def sample_problems(runtime: RolloutRuntime, model_config, params, tokenizer,
     """`evaluate` with the runtime's sampler for this model, limits and temperature, and its
     verifier; reports pass@1 and pass@`samples`."""
     sampler = runtime.sampler(model_config, tokenizer, limits,
-                              SamplingParams(temperature=temperature))
+                              SamplingParams(temperature=temperature), fmt)
     return evaluate(sampler, params, runtime.verifier, problems, samples=samples, fmt=fmt,
                     ks=sorted({1, samples}), seed=seed)
 
