@@ -12,9 +12,14 @@ else that escapes a job is a bug and keeps its traceback.
     └── OutputError      an output path that cannot be written
 
 They derive from ``ValueError`` (``OutputError`` from ``OSError``) so that code catching the
-built-in kinds keeps working.
+built-in kinds keeps working. ``require_writable_dir`` / ``require_writable_file`` check an
+output location before a long job writes to it.
 """
 from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -39,3 +44,31 @@ class TokenizerError(UserError, ValueError):
 
 class OutputError(UserError, OSError):
     """An output path that cannot be written."""
+
+
+def require_writable_dir(path, what: str) -> Path:
+    """Creates directory ``path`` if needed and proves it writable by writing a scratch file (a
+    permission test would pass for root on a read-only mount); raises OutputError naming
+    ``what`` and the path otherwise. Call it before long work."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write {what} {path}: {e.strerror or e} (choose a writable "
+                          f"location)") from None
+    return path
+
+
+def require_writable_file(path, what: str) -> Path:
+    """Like `require_writable_dir` for a file that will be (over)written at ``path``; the file
+    itself is left untouched."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"cannot write {what} {path}: it is a directory (give a file name)")
+    require_writable_dir(path.parent, what)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"cannot write {what} {path}: permission denied (choose a writable "
+                          f"location)")
+    return path
