@@ -302,7 +302,8 @@ def tool_response_text(response_text: str, fmt: ChatFormat = ChatFormat()) -> st
     return "".join(text for text, _ in fmt.tool_turn_pieces([response_text]))
 
 
-def encode_tool_response(tokenizer: Tokenizer, response_text: str, fmt: ChatFormat = ChatFormat()) -> list[int]:
+def encode_tool_response(tokenizer: Tokenizer, response_text: str,
+                         fmt: ChatFormat = ChatFormat()) -> list[int]:
     """Token ids of the tool-response scaffold (loss mask 0), see ``tool_response_text``. The
     response is data: markup a program prints stays text."""
     return encode_pieces(tokenizer, fmt.tool_turn_pieces([response_text]))
@@ -507,7 +508,9 @@ def _normalize_call(call, i: int) -> dict:
     if not isinstance(call, dict):
         raise ValueError(f"message {i}: a tool call must be an object, got {type(call).__name__}")
     function = call.get("function", call)
-    name, arguments = (function.get("name"), function.get("arguments")) if isinstance(function, dict) else (None, None)
+    if not isinstance(function, dict):
+        raise ValueError(f"message {i}: a tool call's function must be an object, got {call!r}")
+    name, arguments = function.get("name"), function.get("arguments")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

@@ -47,28 +47,32 @@ class OutputError(UserError, OSError):
 
 
 def require_writable_dir(path, what: str) -> Path:
-    """Creates directory ``path`` if needed and proves it writable by writing a scratch file (a
-    permission test would pass for root on a read-only mount); raises OutputError naming
-    ``what`` and the path otherwise. Call it before long work."""
-    path = Path(path)
+    """Raises OutputError naming ``what`` and ``path`` unless directory ``path`` can be written:
+    it exists and takes a scratch file, or its nearest existing ancestor is a directory that
+    does (a permission test would pass for root on a read-only mount). Creates nothing, so a
+    job can check its outputs before it starts and leave no trace when it stops early."""
+    path = Path(path).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot write {what} {path}: {existing} is a file, not a directory "
+                          f"(choose another location)")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as e:
-        raise OutputError(f"cannot write {what} {path}: {e.strerror or e} (choose a writable "
-                          f"location)") from None
+        raise OutputError(f"cannot write {what} {path}: {existing} is not writable "
+                          f"({e.strerror or e}; choose another location)") from None
     return path
 
 
 def require_writable_file(path, what: str) -> Path:
-    """Like `require_writable_dir` for a file that will be (over)written at ``path``; the file
-    itself is left untouched."""
-    path = Path(path)
+    """Like `require_writable_dir` for a file that will be (over)written at ``path``."""
+    path = Path(path).absolute()
     if path.is_dir():
         raise OutputError(f"cannot write {what} {path}: it is a directory (give a file name)")
     require_writable_dir(path.parent, what)
     if path.exists() and not os.access(path, os.W_OK):
-        raise OutputError(f"cannot write {what} {path}: permission denied (choose a writable "
-                          f"location)")
+        raise OutputError(f"cannot write {what} {path}: permission denied (choose another location)")
     return path

@@ -187,6 +187,7 @@ def hard_subset(problems: Sequence[Problem], records: Sequence[SampleRecord]) ->
 
 def write_samples(path: str | os.PathLike, records: Sequence[SampleRecord]) -> None:
     """One JSON object per sample."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         for r in records:
             f.write(json.dumps(dataclasses.asdict(r)) + "\n")

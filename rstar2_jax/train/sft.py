@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
+from rstar2_jax.errors import ConfigError, DataError
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import place_batch
 from rstar2_jax.tokenizer import open_tokenizer
@@ -73,16 +74,16 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     examples = encode_examples(config.data, tokenizer, fmt, config.seq_len)
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"{config.data} has {len(examples)} conversations, fewer than "
-                         f"batch_size={config.batch_size}")
+        raise DataError(f"{config.data} has {len(examples)} conversations, fewer than "
+                        f"batch_size={config.batch_size}")
     run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
                     total_steps=config.epochs * steps_per_epoch, job_config=config, seed=config.seed,
                     mesh=config.mesh, checkpoint=config.checkpoint, progress=progress)
     micro_batch_size = config.micro_batch_size or config.batch_size
     fsdp = run.mesh.shape["fsdp"]
     if micro_batch_size % fsdp:
-        raise ValueError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
-                         f"fsdp={fsdp} devices")
+        raise ConfigError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
+                          f"fsdp={fsdp} devices")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat)
     train_step = make_train_step(loss, run.optimizer,
