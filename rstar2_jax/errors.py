@@ -52,18 +52,7 @@ def require_writable_dir(path, what: str) -> Path:
     does (a permission test would pass for root on a read-only mount). Creates nothing, so a
     job can check its outputs before it starts and leave no trace when it stops early."""
     path = Path(path).absolute()
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutputError(f"cannot write {what} {path}: {existing} is a file, not a directory "
-                          f"(choose another location)")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as e:
-        raise OutputError(f"cannot write {what} {path}: {existing} is not writable "
-                          f"({e.strerror or e}; choose another location)") from None
+    _require_writable(path, path, what)
     return path
 
 
@@ -72,7 +61,22 @@ def require_writable_file(path, what: str) -> Path:
     path = Path(path).absolute()
     if path.is_dir():
         raise OutputError(f"cannot write {what} {path}: it is a directory (give a file name)")
-    require_writable_dir(path.parent, what)
+    _require_writable(path.parent, path, what)
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {what} {path}: permission denied (choose another location)")
     return path
+
+
+def _require_writable(directory: Path, shown: Path, what: str) -> None:
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot write {what} {shown}: {existing} is a file, not a directory "
+                          f"(choose another location)")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write {what} {shown}: {existing} is not writable "
+                          f"({e.strerror or e}; choose another location)") from None

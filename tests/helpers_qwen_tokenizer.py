@@ -65,11 +65,12 @@ QWEN3_LIKE_TEMPLATE = (
 
 
 def qwen3_style_tokenizer(directory, corpus, *, base_vocab: int = QWEN3_BASE_VOCAB, merges: int = 700,
-                          chat_template: bool = True):
+                          chat_template: bool = True, without: tuple[str, ...] = ()):
     """Builds, saves to ``directory`` and reloads (AutoTokenizer) a Qwen3-layout tokenizer.
 
     ``base_vocab`` is the number of ids before the added tokens (Qwen3: 151,643); the trained
-    BPE has ``256 + merges`` reachable tokens, the rest are unreachable fillers.
+    BPE has ``256 + merges`` reachable tokens, the rest are unreachable fillers. ``without``
+    leaves out some added tokens (to build a broken tokenizer).
     """
     trainer_model = Tokenizer(models.BPE())
     trainer_model.normalizer = normalizers.NFC()
@@ -91,8 +92,10 @@ def qwen3_style_tokenizer(directory, corpus, *, base_vocab: int = QWEN3_BASE_VOC
     tokenizer.pre_tokenizer = trainer_model.pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
     for content, special in QWEN3_ADDED:
+        if content in without:
+            continue
         tokenizer.add_tokens([AddedToken(content, special=special, normalized=False)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>", unk_token=None,
                                    clean_up_tokenization_spaces=False)
     if chat_template:
