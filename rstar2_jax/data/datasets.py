@@ -40,7 +40,7 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
     if not os.path.isfile(path):
         raise DataError(f"dataset {path} does not exist")
     if path.endswith(".jsonl"):
-        problems = [_parse_row(row, f"{path}, line {where}") for where, row in _jsonl_rows(path)]
+        problems = [_parse_row(row, f"{path}, line {where}") for where, row in jsonl_rows(path)]
     else:
         try:
             rows = pq.read_table(path).to_pylist()
@@ -60,11 +60,12 @@ def save_problems(path: str | os.PathLike, problems: Iterable) -> None:
             f.write(json.dumps(dataclasses.asdict(p)) + "\n")
 
 
-def _jsonl_rows(path: str):
+def jsonl_rows(path, what: str = "the dataset"):
+    """``(line number, parsed JSON)`` of each non-blank line; DataError names the file and line."""
     try:
         lines = open(path, encoding="utf-8").read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read the dataset {path}: {e}") from None
+        raise DataError(f"cannot read {what} {path}: {e}") from None
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

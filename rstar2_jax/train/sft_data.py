@@ -26,6 +26,7 @@ import re
 import secrets
 
 from rstar2_jax import chat
+from rstar2_jax.data.datasets import jsonl_rows
 from rstar2_jax.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,8 @@ def encode_examples(path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int) ->
     or one with no assistant token.
     """
     examples, kinds = [], collections.Counter()
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read the SFT data {path}: {e}") from None
-    for line_number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for line_number, row in jsonl_rows(path, "the SFT data"):
         where = f"{path}, line {line_number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON ({e})") from None
         if not isinstance(row, dict) or "messages" not in row:
             raise DataError(f'{where}: expected an object {{"messages": [...]}}')
         try:
