@@ -36,17 +36,28 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
+def series(records: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one metric over a run's records, skipping the steps where it is missing:
+    absent (a ratio with nothing to measure, e.g. the tool-error ratio among positives in a step
+    without a positive) or NaN."""
+    points = [(r["step"], float(r[key])) for r in records
+              if key in r and r[key] is not None and np.isfinite(r[key])]
+    steps, values = (np.asarray(x) for x in zip(*points)) if points else (np.zeros(0), np.zeros(0))
+    return steps, values
+
+
 def plot_curves(runs: Mapping[str, Sequence[dict]], path: str | os.PathLike,
                 panels: Sequence[tuple[str, str]] = RL_PANELS, window: int = 5) -> None:
     """Writes one PNG with a panel per ``(metric, title)``, one line per run, x = step.
 
     Args:
       runs: run label -> metric records (``{"step": s, metric: value, ...}`` as logged by
-        ``MetricsLogger``); records without a metric are skipped in its panel.
+        ``MetricsLogger``); a step where a metric is missing (`series`) is skipped in its panel,
+        and the moving average runs over the steps that have it.
       path: the PNG file to write.
       window: steps in the moving average.
 
-    Raises ValueError if a panel's metric appears in no run (most likely a misspelled key).
+    A panel whose metric no run has for any step says so in place of its curves.
     """
     if not runs or not panels:
         raise ValueError("need at least one run and one panel")
@@ -55,20 +66,23 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], path: str | os.PathLike,
     fig = Figure(figsize=(6 * columns, 3.6 * rows))
     axes = fig.subplots(rows, columns, squeeze=False)
     for ax, (key, title) in zip(axes.flat, panels):
-        if not any(key in r for records in runs.values() for r in records):
-            raise ValueError(f"no run logged the metric {key!r}")
+        drawn = False
         for i, (label, records) in enumerate(runs.items()):
-            points = [(r["step"], r[key]) for r in records if key in r]
-            if not points:
+            steps, values = series(records, key)
+            if not len(steps):
                 continue
-            steps, values = map(np.asarray, zip(*points))
             color = f"C{i}"
             ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
             ax.plot(steps, moving_average(values, window), color=color, linewidth=2, label=label)
+            drawn = True
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"{key!r}: measured in no step", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     fig.tight_layout()

@@ -11,7 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from rstar2_jax.algorithms import penalty_terms, roc_penalty, roc_select, roc_select_batch
+from rstar2_jax.algorithms import (
+    RULES,
+    Rollouts,
+    paper_penalty_terms,
+    penalty_terms,
+    released_penalty_terms,
+    roc_penalty,
+    roc_select,
+    roc_select_batch,
+    roc_selection,
+)
 
 select = jax.jit(roc_select, static_argnames=("group_size", "mode"))
 # Many draws of the paper rule for one group, one key each.
@@ -53,6 +63,66 @@ def test_penalty_rejects_impossible_counts(calls, errors, answers, turns, messag
         roc_penalty(calls, errors, answers, turns)
 
 
+def rollouts(**fields):
+    """A `Rollouts` of one shape; unnamed fields are a clean, correct one-turn rollout."""
+    shape = np.shape(next(iter(fields.values())))
+    defaults = dict(rewards=1.0, lengths=10, truncated=False, tool_calls=0, tool_errors=0,
+                    tool_error_mentions=0, answer_blocks=1, answer_tags=2, turns=1)
+    return Rollouts(**{k: np.broadcast_to(np.asarray(fields.get(k, v)), shape)
+                       for k, v in defaults.items()})
+
+
+@pytest.mark.parametrize(
+    "counts, paper, released",
+    [
+        # A correct answer with no tool call: the released code does not count the first turn,
+        # so p_format = 1 there (p_total 1.5) and 0 in the paper (0.5).
+        (dict(), (0.5, 0.0), (0.5, 1.0)),
+        # Two turns (one call), one answer: (1 - 1) / 1 in both.
+        (dict(tool_calls=1, turns=2), (0.0, 0.0), (0.0, 0.0)),
+        # A timeout failed but its response does not say "error": an error in the paper only.
+        (dict(tool_calls=2, tool_errors=1, turns=3), (0.5, 0.0), (0.0, 0.0)),
+        # A program that printed "error" and succeeded: an error for the released code only.
+        (dict(tool_calls=2, tool_error_mentions=1, turns=3), (0.0, 0.0), (0.5, 0.0)),
+        # Two answer blocks over three turns: 1/3 in the paper, 1/2 over the two later turns.
+        (dict(tool_calls=2, answer_blocks=2, answer_tags=4, turns=3), (0.0, 1 / 3), (0.0, 0.5)),
+        # An unpaired tag next to one closed block: the released code gives up (1.0).
+        (dict(tool_calls=1, answer_tags=3, turns=2), (0.0, 0.0), (0.0, 1.0)),
+        # No answer block: 1 in both.
+        (dict(tool_calls=1, answer_blocks=0, answer_tags=0, turns=2), (0.0, 1.0), (0.0, 1.0)),
+    ],
+)
+def test_penalty_counting_paper_and_released(counts, paper, released):
+    r = rollouts(rewards=np.ones(1), **counts)
+    for terms, expected in ((paper_penalty_terms(r), paper), (released_penalty_terms(r), released)):
+        assert [float(t[0]) for t in terms] == pytest.approx(expected, rel=1e-6)
+    assert RULES["paper"].penalty_terms is paper_penalty_terms
+    assert RULES["released"].penalty_terms is released_penalty_terms
+
+
+def test_roc_selection_filters_groups_and_uses_each_modes_penalties():
+    # Question 0 has equal rewards (dropped). Question 1: 2G = 8 rollouts, 4 correct; positive 0
+    # answered without the tool (paper 0.5, released 1.5), positive 1 had a timeout (paper 1.0,
+    # released 0.0), positives 2 and 3 are clean two-turn rollouts (0 in both).
+    g = 4
+    rewards = np.array([[1.0] * 8, [1, 1, 1, 1, 0, 0, 0, 0]])
+    calls = np.array([[1] * 8, [0, 1, 1, 1, 1, 1, 1, 1]])
+    errors = np.array([[0] * 8, [0, 1, 0, 0, 0, 0, 0, 0]])
+    turns = np.array([[2] * 8, [1, 2, 2, 2, 2, 2, 2, 2]])
+    r = rollouts(rewards=rewards, tool_calls=calls, tool_errors=errors, turns=turns)
+    # Released: 2 negatives, the first two (12, 13); 2 positives of lowest penalty, ties in
+    # order: the timeout (9) and 10.
+    released = roc_selection(jax.random.key(0), r, g, mode="released")
+    np.testing.assert_array_equal(released.index, [[9, 10, 12, 13]])
+    assert released.trains.all()
+    # Paper: the two zero-penalty positives, then 2 of the 4 negatives at random.
+    paper = roc_selection(jax.random.key(0), r, g, mode="paper")
+    assert paper.index.shape == (1, g) and paper.trains.all()
+    assert {10, 11} <= set(paper.index[0]) and set(paper.index[0]) - {10, 11} <= {12, 13, 14, 15}
+    with pytest.raises(ValueError, match="G of the 2G"):
+        roc_selection(jax.random.key(0), r, 3)
+
+
 # --- selection: shared invariants ----------------------------------------------------------------
 
 def group_strategy(max_group=8):
@@ -77,7 +147,7 @@ def test_selection_keeps_g_distinct_indices_with_the_right_quotas(group, mode, s
     num_neg = int(np.sum(rewards == 0))
     kept_neg = int(np.sum(rewards[kept] == 0))
     if mode == "paper":
-        assert kept_neg == num_neg // 2
+        assert kept_neg == paper_negative_quota(num_neg, g)
     else:
         assert kept_neg == released_negative_quota(num_neg, g)
     # Within the positives: "paper" keeps zero-penalty ones first, "released" the lowest penalties.
@@ -90,8 +160,47 @@ def test_selection_keeps_g_distinct_indices_with_the_right_quotas(group, mode, s
             assert np.all(penalties[kept_pos] == 0)
 
 
+def paper_negative_quota(num_neg, g):
+    """The paper rule's negative quota, written from its docstring: half the negatives rounded
+    down, positives the rest, and at least one of each class that is present."""
+    neg = num_neg // 2
+    if num_neg > 0 and neg == 0:
+        neg = 1
+    if num_neg < 2 * g and neg == g:
+        neg = g - 1
+    return neg
+
+
+@pytest.mark.parametrize("mode, g", [("paper", 2), ("paper", 3), ("paper", 4), ("paper", 5),
+                                     ("paper", 16), ("released", 4), ("released", 5),
+                                     ("released", 8), ("released", 16)])
+def test_every_split_of_2g_keeps_g_and_both_classes(mode, g):
+    """k correct out of 2G for every k = 0..2G: G distinct rollouts are kept, the quota of each
+    class is the rule's, and whenever the 2G hold both classes the kept G hold both."""
+    rng = np.random.default_rng(g)
+    quota = paper_negative_quota if mode == "paper" else released_negative_quota
+    for num_pos in range(2 * g + 1):
+        rewards = rng.permutation(np.r_[np.ones(num_pos, int), np.zeros(2 * g - num_pos, int)])
+        penalties = rng.choice([0.0, 0.25, 0.5, 1.0, 1.5, 2.0], size=2 * g).astype(np.float32)
+        kept = np.asarray(select(jax.random.key(num_pos), rewards, penalties, group_size=g, mode=mode))
+        assert len(set(kept)) == g, (num_pos, kept)
+        kept_neg = int(np.sum(rewards[kept] == 0))
+        assert kept_neg == quota(2 * g - num_pos, g), num_pos
+        if 0 < num_pos < 2 * g:
+            assert 0 < kept_neg < g, f"{num_pos} correct of {2 * g}: kept {kept_neg} wrong of {g}"
+
+
+def test_paper_rule_keeps_the_only_wrong_rollout():
+    # The paper's setting, 31 correct and 1 wrong: floor(1 / 2) = 0 would keep 16 correct
+    # rollouts with advantage 0; the wrong one is kept instead.
+    rewards = np.r_[np.ones(31, int), 0]
+    for seed in range(5):
+        kept = np.asarray(select(jax.random.key(seed), rewards, np.ones(32, np.float32), group_size=16))
+        assert 31 in kept and len(set(kept)) == 16
+
+
 def released_negative_quota(num_neg, g):
-    """The released rule's negative quota, written from its description (rstar2.md §1.2)."""
+    """The released rule's negative quota, written from the released code's description."""
     num_pos = 2 * g - num_neg
     neg, pos = round(num_neg / 2), round(num_pos / 2)  # Python round: half to even
     if neg <= min(2, num_neg):
@@ -173,6 +282,7 @@ def test_batch_matches_per_question_calls():
         (np.ones(8), np.full(8, -0.1), 4, "paper", "penalties"),
         (np.ones(8), np.full(8, np.nan), 4, "paper", "penalties"),
         (np.ones(6), np.ones(6), 3, "released", "group_size >= 4"),
+        (np.ones(2), np.ones(2), 1, "paper", "group_size >= 2"),
         (np.ones(8), np.ones(8), 4, "best", "mode"),
     ],
 )

@@ -15,7 +15,7 @@ def test_paper_defaults():
     cfg = load_config(RLJobConfig, overrides=REQUIRED_RL)
     assert cfg.optimizer == OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=20,
                                             weight_decay=0.01, grad_clip=1.0)
-    assert (cfg.rl.eps_low, cfg.rl.eps_high, cfg.rl.temperature) == (0.2, 0.28, 1.0)
+    assert (cfg.rl.algorithm, cfg.rl.temperature) == ("grpo_roc", 1.0)
     assert (cfg.rl.rollouts_per_question, cfg.rl.group_size) == (32, 16)
     assert cfg.rl.questions_per_step == 512
 
@@ -37,7 +37,9 @@ def test_yaml_then_overrides_in_order(tmp_path):
     ("optimizer.schedule=linear", "optimizer.schedule"),
     ("optimizer.lr=-1", "optimizer.lr"),
     ("rl.group_size=64", "rl.group_size"),
-    ("rl.group_size=8", "rl.rollouts_per_question"),
+    ("rl.algorithm=grpo-roc", "rl.algorithm: unknown algorithm 'grpo-roc'"),
+    ("rl.algorithm=no_such_module_xyz:ALG", "rl.algorithm: cannot import module 'no_such_module_xyz'"),
+    ("rl.algorithm=rstar2_jax.algorithms:NOPE", "rl.algorithm: module 'rstar2_jax.algorithms' has no 'NOPE'"),
     ("rollout.tool_response_chars=10", "rollout.tool_response_chars"),
     ("rollout.sandbox_workers=0", "rollout.sandbox_workers"),
     ("rollout.verifier_timeout_s=0", "rollout.verifier_timeout_s"),

@@ -28,7 +28,7 @@ def test_paper_configs_mirror_the_paper():
     for s in stages:
         assert s.rl.questions_per_step == 512
         assert (s.rl.rollouts_per_question, s.rl.group_size) == (32, 16)
-        assert (s.rl.eps_low, s.rl.eps_high, s.rl.temperature) == (0.2, 0.28, 1.0)
+        assert (s.rl.algorithm, s.rl.temperature) == ("grpo_roc", 1.0)
         assert (s.optimizer.lr, s.optimizer.schedule, s.optimizer.warmup_steps) == (1e-6, "constant", 20)
     sft = load_config(SFTConfig, PAPER / "sft.yaml")
     assert (sft.optimizer.lr, sft.optimizer.schedule, sft.epochs, sft.batch_size) == (5e-6, "cosine", 3, 128)

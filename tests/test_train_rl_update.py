@@ -1,8 +1,11 @@
 """RL update on a prepared batch: sharded == single device, padding-invariance, metrics."""
+import functools
+
 import jax
 import numpy as np
 import pytest
 
+from rstar2_jax.algorithms import gspo_loss, policy_loss
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.configs import OptimizerConfig, RLConfig
@@ -33,13 +36,13 @@ def _batch(rows, seed=0, sampler_offset=0.0):
             "advantages": advantages, "sampler_logp": sampler_logp}
 
 
-def _update(batch, mesh, steps=1, lr=3e-2, **rl):
+def _update(batch, mesh, steps=1, lr=3e-2, loss=None, **rl):
     config = RLConfig(**rl)
     opt = make_optimizer(OptimizerConfig(lr=lr, warmup_steps=1), total_steps=10)
     specs = param_specs(MODEL, mesh)
     params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
     state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
-    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params)
+    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params, loss=loss)
     for _ in range(steps):
         state, metrics = update(state, batch)
     return state, metrics
@@ -91,3 +94,26 @@ def test_bad_batches_are_rejected():
         _update(batch | {"loss_mask": np.zeros_like(batch["loss_mask"])}, make_mesh(1, 1))
     with pytest.raises(ValueError, match="padding"):
         _update(batch | {"loss_mask": np.ones_like(batch["loss_mask"])}, make_mesh(1, 1))
+
+
+@pytest.mark.parametrize("loss, sums_tokens", [
+    (functools.partial(policy_loss, loss_agg_mode="seq-mean-token-mean"), False),
+    (functools.partial(policy_loss, loss_agg_mode="seq-mean-token-sum"), True),
+    (gspo_loss, False),
+], ids=["seq-mean-token-mean", "seq-mean-token-sum", "gspo"])
+def test_a_sequence_level_loss_logs_its_metrics_over_sequences(loss, sums_tokens):
+    # The loss swapped by value. Its count is sequences, and its metric sums are per sequence:
+    # on policy the ratio is exactly 1 whatever the count (dividing token sums by a sequence
+    # count would log tokens / sequences), and `tokens` is still the step's loss tokens.
+    batch = _batch(8)
+    _, m = _update(batch, make_mesh(1, 1), loss=loss, micro_batch_size=2)
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert m["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert m["clip_low_frac"] == m["clip_high_frac"] == 0.0
+    lengths = batch["loss_mask"][:, 1:].sum(axis=1)
+    assert m["tokens"] == lengths.sum()
+    # On policy the loss is the mean over sequences of -A_i, times the sequence's loss tokens
+    # when the loss sums them.
+    expected = -np.mean(batch["advantages"] * (lengths if sums_tokens else 1))
+    assert m["loss"] == pytest.approx(expected, rel=1e-4)

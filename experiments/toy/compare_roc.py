@@ -24,16 +24,16 @@ from rstar2_jax.plots import RL_PANELS, plot_curves
 from rstar2_jax.toy.compare import compare_rl_runs
 from rstar2_jax.toy.demo import DemoConfig
 
-# run name -> (legend label, rl.roc_rule); "rl" is the main job's own run.
-RUNS = {"rl": ("GRPO-RoC (paper rule)", "paper"), "rl_grpo": ("GRPO (all 2G kept)", "none")}
+# run name -> (legend label, rl.algorithm); "rl" is the main job's own run.
+RUNS = {"rl": ("GRPO-RoC (paper rule)", "grpo_roc"), "rl_grpo": ("GRPO (all 2G kept)", "grpo")}
 
 
 def main(overrides: list[str]) -> None:
     cfg = load_config(DemoConfig, overrides=overrides)
     out = Path(cfg.out)
     reports, metrics = compare_rl_runs(cfg, {
-        name: dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, roc_rule=rule))
-        for name, (_, rule) in RUNS.items()})
+        name: dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, algorithm=algorithm))
+        for name, (_, algorithm) in RUNS.items()})
     finals = {name: dataclasses.asdict(report) for name, report in reports.items()}
     curves = {label: metrics[name] for name, (label, _) in RUNS.items()}
     plot_curves(curves, out / "compare_roc.png")
@@ -45,9 +45,12 @@ def main(overrides: list[str]) -> None:
     print(f"{'after SFT':<24}{100 * finals['sft']['pass_at'][1]:>11.1f}%"
           f"{100 * finals['sft']['tool_error_rate']:>9.1f}%")
     for name, (label, _) in RUNS.items():
-        last = [r["tools/error_ratio_positives"] for r in curves[label][-5:]]
+        # A step without a positive that called the tool logs no error ratio.
+        last = [r["tools/error_ratio_positives"] for r in curves[label][-5:]
+                if "tools/error_ratio_positives" in r]
+        ratio = f"{100 * sum(last) / len(last):.1f}%" if last else "n/a"
         print(f"{label:<24}{100 * finals[name]['pass_at'][1]:>11.1f}%"
-              f"{100 * finals[name]['tool_error_rate']:>9.1f}%{100 * sum(last) / len(last):>27.1f}%")
+              f"{100 * finals[name]['tool_error_rate']:>9.1f}%{ratio:>28}")
 
 
 if __name__ == "__main__":

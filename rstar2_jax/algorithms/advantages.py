@@ -1,35 +1,24 @@
-"""Group-relative advantages (GRPO) and the equal-reward group filter.
+"""Advantage estimators (`Algorithm.advantages`): group-relative advantages of GRPO and Dr. GRPO.
 
-DESIGN.md §3: for the G rollouts kept for one question,
+rStar2-Agent §2.2 (docs/algorithms.md): for the G rollouts kept for one question,
 
     A_i = (r_i - mean(r)) / (std(r) + eps)
 
 and every loss token of rollout i gets A_i. A group whose rewards are all equal has no relative
-signal (every A_i would be 0/0 before eps): such groups are dropped before RoC selection with
-`nonuniform_group_mask`, and `group_advantages` returns exact zeros for them should one slip through.
+signal (every A_i would be 0/0 before eps): selections drop such groups first
+(`nonuniform_group_mask`), and `group_advantages` returns exact zeros for them should one slip
+through.
 """
 from typing import Literal
 
 import jax.numpy as jnp
 
+from rstar2_jax.algorithms.algorithm import Rollouts
+from rstar2_jax.algorithms.selection import nonuniform_group_mask
+
 # Sample std (ddof=1) is the default because it is what the paper's trainer used: verl's GRPO
 # advantage calls torch.std, which is unbiased, with eps 1e-6; Tunix does the same.
 _DDOF = {"sample": 1, "population": 0}
-
-
-def nonuniform_group_mask(rewards: jnp.ndarray) -> jnp.ndarray:
-    """Which groups have at least two different rewards.
-
-    Args:
-      rewards: `[num_groups, n]` rewards of the n rollouts of each question (any n >= 1).
-
-    Returns:
-      `[num_groups]` bool, True for groups to keep (rewards not all equal).
-    """
-    rewards = jnp.asarray(rewards)
-    if rewards.ndim != 2:
-        raise ValueError(f"rewards must be [num_groups, n], got shape {rewards.shape}")
-    return jnp.max(rewards, axis=-1) != jnp.min(rewards, axis=-1)
 
 
 def group_advantages(
@@ -64,3 +53,17 @@ def group_advantages(
     # by one rounding step, which would leave a tiny nonzero advantage.
     uniform = ~nonuniform_group_mask(rewards)[:, None]
     return jnp.where(uniform, 0.0, centred / scale)
+
+
+def grpo_advantages(kept: Rollouts) -> jnp.ndarray:
+    """GRPO's estimator (Shao et al. 2024, DeepSeekMath §4.1.2, outcome supervision):
+    A_i = (r_i - mean(r)) / (std(r) + 1e-6) over each `[groups, G]` row, sample std."""
+    return group_advantages(kept.rewards)
+
+
+def dr_grpo_advantages(kept: Rollouts) -> jnp.ndarray:
+    """Dr. GRPO's estimator (Liu et al. 2025, "Understanding R1-Zero-Like Training", §3.1):
+    A_i = r_i - mean(r), without GRPO's division by std(r), which up-weights questions that are
+    nearly always or nearly never solved."""
+    rewards = jnp.asarray(kept.rewards, jnp.float32)
+    return rewards - jnp.mean(rewards, axis=-1, keepdims=True)

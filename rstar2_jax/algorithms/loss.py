@@ -1,8 +1,9 @@
-"""The GRPO-RoC policy loss: PPO clipped surrogate with Clip-Higher, token-mean aggregation.
+"""Policy losses (`Algorithm.loss`): the PPO clipped surrogate of GRPO-RoC, DAPO and Dr. GRPO
+(`policy_loss`, per token), and GSPO's sequence-level one (`gspo_loss`).
 
 Per loss token t of rollout i, with ratio r = exp(logp - old_logp) and advantage A = A_i:
 
-    l_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          (DESIGN.md §3, paper Eq. 6)
+    l_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          (rStar2-Agent Eq. 6)
 
 Clip-Higher (eps_high = 0.28 > eps_low = 0.2) leaves more room for raising the probability of
 unlikely tokens. The gradient of l_t with respect to logp_t is -A * r where the unclipped branch
@@ -12,20 +13,26 @@ r < 1 - eps_low. Optional dual clip (Ye et al. 2020) bounds the loss of a negati
 No KL and no entropy term by default (the paper removed both); a k3 KL penalty to a reference
 policy is available with `kl_coef > 0`.
 
-Aggregation and gradient accumulation: the function returns an unreduced `(loss_sum,
-denominator)`. For an optimizer step split into micro-batches the loss is
+Aggregation and gradient accumulation: the function returns an unreduced `(loss_sum, count,
+metric_sums)`, the contract of `Algorithm.loss` and of the train step. For an optimizer step split
+into micro-batches the loss is
 
-    sum(loss_sum over micro-batches) / sum(denominator over micro-batches),
+    sum(loss_sum over micro-batches) / sum(count over micro-batches),
 
 which is exactly the full-batch value for every mode below (divide once, after summing):
 
-- "token-mean" (default, paper): loss_sum = sum of l_t over loss tokens, denominator = number of
+- "token-mean" (default, paper, DAPO): loss_sum = sum of l_t over loss tokens, count = number of
   loss tokens. Every token weighs the same, whatever the length of its sequence.
 - "seq-mean-token-mean" (original GRPO): loss_sum = sum over sequences of that sequence's mean
-  l_t, denominator = number of sequences with at least one loss token. Every sequence weighs the
+  l_t, count = number of sequences with at least one loss token. Every sequence weighs the
   same, so a token of a short answer weighs more than a token of a long one.
-- "seq-mean-token-sum": loss_sum = sum of l_t over loss tokens, denominator = number of sequences
-  with at least one loss token. Like token-mean but divided by a sequence count.
+- "seq-mean-token-sum" (Dr. GRPO): loss_sum = sum of l_t over loss tokens, count = number of
+  sequences with at least one loss token. Every token weighs the same and the normaliser does
+  not depend on the lengths.
+
+The metrics are divided by the same total count, so each metric sum weighs a token as the count
+does: by 1 for "token-mean" (token means over the step), by 1 / (its sequence's loss tokens) for
+the two sequence modes (means over sequences of each sequence's token mean).
 """
 from typing import Literal
 
@@ -75,12 +82,13 @@ def policy_loss(
       loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum" (module docstring).
 
     Returns:
-      `(loss_sum, denominator, metrics)`: float32 scalar, int32 scalar (loss tokens for
-      token-mean, non-empty sequences otherwise) and a dict of float32 scalars over this call's
-      loss tokens: `num_tokens`; `clip_low_frac`, `clip_high_frac` (share of tokens whose gradient
-      the low / high clip cuts); `dual_clip_frac` if `dual_clip`; `approx_kl` (k3 estimate of
-      KL(old || policy)); `ratio_mean`, `ratio_max`; `ref_kl` if `ref_logp`; `entropy` (nats) if
-      `logits`. With no loss token every metric is 0.
+      `(loss_sum, count, metric_sums)`: float32 scalar, int32 scalar (loss tokens for
+      token-mean, non-empty sequences otherwise) and a dict of float32 scalars to be divided by
+      the total count (module docstring), except `ratio_max`, a maximum: `clip_low_frac`,
+      `clip_high_frac` (share of tokens whose gradient the low / high clip cuts);
+      `dual_clip_frac` if `dual_clip`; `approx_kl` (k3 estimate of KL(old || policy));
+      `ratio_mean`, `ratio_max`; `ref_kl` if `ref_logp`; `entropy` (nats) if `logits`. With no
+      loss token every value is 0.
     """
     _check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode)
     check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
@@ -114,36 +122,97 @@ def policy_loss(
 
     tokens_per_row = jnp.sum(mask, axis=-1)
     num_rows = jnp.sum(tokens_per_row > 0, dtype=jnp.int32)
+    # Per-token weight of the metrics: they sum to `count` (masked tokens weigh 0).
     if loss_agg_mode == "token-mean":
-        loss_sum, denominator = jnp.sum(per_token), jnp.sum(tokens_per_row, dtype=jnp.int32)
-    elif loss_agg_mode == "seq-mean-token-mean":
-        row_mean = jnp.sum(per_token, axis=-1) / jnp.maximum(tokens_per_row, 1)
-        loss_sum, denominator = jnp.sum(row_mean), num_rows
+        loss_sum, count = jnp.sum(per_token), jnp.sum(tokens_per_row, dtype=jnp.int32)
+        weight = mask.astype(jnp.float32)
     else:
-        loss_sum, denominator = jnp.sum(per_token), num_rows
+        weight = mask / jnp.maximum(tokens_per_row, 1)[:, None]
+        loss_sum = jnp.sum(per_token * weight) if loss_agg_mode == "seq-mean-token-mean" else jnp.sum(per_token)
+        count = num_rows
 
-    num_tokens = jnp.sum(mask)
-
-    def mean(x):
-        return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(num_tokens, 1)
+    def total(x):
+        return jnp.sum(jnp.where(mask, x * weight, 0.0))
 
     metrics = {
-        "num_tokens": num_tokens.astype(jnp.float32),
-        "clip_low_frac": mean((advantages < 0) & (ratio < 1 - eps_low)),
-        "clip_high_frac": mean((advantages > 0) & (ratio > 1 + eps_high)),
-        "approx_kl": mean(_k3(log_ratio)),
-        "ratio_mean": mean(ratio),
+        "clip_low_frac": total((advantages < 0) & (ratio < 1 - eps_low)),
+        "clip_high_frac": total((advantages > 0) & (ratio > 1 + eps_high)),
+        "approx_kl": total(_k3(log_ratio)),
+        "ratio_mean": total(ratio),
         "ratio_max": jnp.max(jnp.where(mask, ratio, 0.0)),
     }
     if dual_clip is not None:
-        metrics["dual_clip_frac"] = mean((advantages < 0) & (ratio > dual_clip))
+        metrics["dual_clip_frac"] = total((advantages < 0) & (ratio > dual_clip))
     if ref_logp is not None:
-        metrics["ref_kl"] = mean(ref_kl)
+        metrics["ref_kl"] = total(ref_kl)
     if logits is not None:
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        metrics["entropy"] = mean(-jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
-    metrics = {name: jax.lax.stop_gradient(value).astype(jnp.float32) for name, value in metrics.items()}
-    return loss_sum.astype(jnp.float32), denominator, metrics
+        metrics["entropy"] = total(-jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
+    return loss_sum.astype(jnp.float32), count, _constant(metrics)
+
+
+def gspo_loss(
+    logp: jnp.ndarray,
+    old_logp: jnp.ndarray,
+    advantages: jnp.ndarray,
+    mask: jnp.ndarray,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
+    """GSPO's sequence-level clipped loss (Zheng et al. 2025, "Group Sequence Policy
+    Optimization", Eq. 5-7), unreduced like `policy_loss`.
+
+    Per sequence i with loss tokens y_i, advantage A_i:
+
+        s_i = exp(mean over t in y_i of (logp_t - old_logp_t))       (length-normalised ratio)
+        l_i = -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
+
+    loss_sum = sum of l_i, count = sequences with a loss token: the loss is the mean over
+    sequences, and a whole sequence is clipped or not. The paper's clip range, 3e-4 / 4e-4, is
+    the default; a sequence ratio moves far less than a token ratio.
+
+    Args:
+      logp, old_logp, mask: `[batch, seq]` as in `policy_loss`.
+      advantages: `[batch]` per-sequence advantages.
+
+    Returns:
+      `(loss_sum, count, metric_sums)`; metrics are sums over sequences (divided by the total
+      count: means over sequences), except `ratio_max`: `clip_low_frac`, `clip_high_frac`
+      (share of sequences the clip cuts), `ratio_mean`, `ratio_max` (of s_i), `approx_kl`
+      (each sequence's token mean of the k3 estimate of KL(old || policy)).
+    """
+    _check_inputs(logp, old_logp, advantages, mask, None, None, "token-mean")
+    if jnp.ndim(advantages) != 1:
+        raise ValueError(f"GSPO needs one advantage per sequence, [batch], got shape {jnp.shape(advantages)}")
+    check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
+    check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
+    mask = jnp.asarray(mask).astype(bool)
+    log_ratio = jnp.where(mask, logp - jax.lax.stop_gradient(old_logp), 0.0)
+    lengths = jnp.sum(mask, axis=-1)
+    present = lengths > 0
+    advantages = jnp.where(present, jnp.asarray(advantages), 0.0)
+    seq_log_ratio = jnp.sum(log_ratio, axis=-1) / jnp.maximum(lengths, 1)
+    ratio = jnp.exp(seq_log_ratio)
+    per_seq = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
+    per_seq = jnp.where(present, per_seq, 0.0)
+
+    def total(x):
+        return jnp.sum(jnp.where(present, x, 0.0))
+
+    token_kl = jnp.sum(jnp.where(mask, _k3(log_ratio), 0.0), axis=-1) / jnp.maximum(lengths, 1)
+    metrics = {
+        "clip_low_frac": total((advantages < 0) & (ratio < 1 - eps_low)),
+        "clip_high_frac": total((advantages > 0) & (ratio > 1 + eps_high)),
+        "approx_kl": total(token_kl),
+        "ratio_mean": total(ratio),
+        "ratio_max": jnp.max(jnp.where(present, ratio, 0.0)),
+    }
+    count = jnp.sum(present, dtype=jnp.int32)
+    return jnp.sum(per_seq).astype(jnp.float32), count, _constant(metrics)
+
+
+def _constant(metrics):
+    return {name: jax.lax.stop_gradient(value).astype(jnp.float32) for name, value in metrics.items()}
 
 
 def _k3(log_q_over_p):

@@ -1,6 +1,6 @@
 """Resample-on-Correct (RoC): keep G of the 2G rollouts sampled for one question.
 
-rStar2-Agent §2.2 (DESIGN.md §3). The 2G rollouts split into positives (reward 1) and negatives
+rStar2-Agent §2.2 (docs/algorithms.md). The 2G rollouts split into positives (reward 1) and negatives
 (reward 0). Negatives are kept for diversity, uniformly; positives are kept for quality, preferring
 a low penalty
 
@@ -8,39 +8,36 @@ a low penalty
     p_err    = erroneous tool calls / tool calls          (0.5 if no tool call),
     p_format = 1 if no answer block, else min(1, (answer blocks - 1) / turns).
 
-Two selection rules, one argument (`mode`):
+Two variants, "paper" and "released" (the authors' code, microsoft/rStar
+`rstar2_agent/down_sample/roc.py` after fix #50). They differ in exactly the three entries of
+their `RocRule` in `RULES`, the one place that names the difference:
 
-- "paper" (default), the rule as the paper states it. Negatives: floor(|neg| / 2), uniformly
-  without replacement. Positives: the remaining G - floor(|neg| / 2) = ceil(|pos| / 2), without
-  replacement, each draw with probability proportional to 1 / p_total among those not yet drawn.
-  A zero penalty (the ideal trajectory: no failed call, one answer block) has infinite weight; we
-  take the limit p -> 0 of the law: zero-penalty positives are kept before any penalised one,
-  uniformly at random among themselves when they outnumber the quota.
-- "released", the authors' released code (microsoft/rStar `rstar2_agent/down_sample/roc.py`,
-  after fix #50). Deterministic. Quotas proportional to the class sizes, round(|neg| / 2) and
-  round(|pos| / 2) with round-half-to-even (Python's `round`), then raised to at least
-  min(2, class size) per class, the other class taking the rest. Positives: the lowest penalties,
-  ties in rollout order; negatives: the first in rollout order (rollouts are i.i.d., so this is a
-  uniform choice). For odd G the two rounded quotas need not sum to G (the released code then
-  fails an assertion); we give negatives their rounded quota and positives the rest, which is
-  identical to the released code for every even G.
+- how the penalty is counted (`paper_penalty_terms`, `released_penalty_terms`);
+- how many negatives are kept (`paper_negative_quota`, `released_negative_quota`);
+- how positives are picked: "paper" draws them without replacement, each draw with probability
+  proportional to 1 / p_total among those not yet drawn; "released" keeps the lowest penalties,
+  ties in rollout order. A zero penalty (the ideal trajectory: no failed call, one answer block)
+  has infinite weight under 1 / p; we take the limit p -> 0 of the law: zero-penalty positives
+  are kept before any penalised one, uniformly at random among themselves when they outnumber
+  the quota.
 
-Both rules keep exactly G rollouts for every split, odd class sizes and all-positive or
-all-negative groups included (those carry no signal and are normally dropped first by
-`nonuniform_group_mask`; RoC then keeps G of the single class).
-
-How tool errors and turns are counted is the caller's job (`roc_penalty` and `penalty_terms`
-take counts). The
-released code counts differently (substring "error" in a tool response, which misses timeouts;
-turns after the first only, research/rstar2.md §1.3); `mode` changes the selection rule only.
+Negatives are uniform in both: "paper" draws them at random, "released" takes the first in
+rollout order (rollouts are i.i.d., so this is a uniform choice). Positives fill the rest of the
+G. Whenever the 2G rollouts hold both classes, both rules keep at least one of each (the kept
+group always carries a signal); all-positive or all-negative groups (normally dropped first by
+the equal-reward filter) keep G of their single class.
 """
-from typing import Literal
+from __future__ import annotations
+
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax.algorithms._checks import check_values
+from rstar2_jax.algorithms.algorithm import Rollouts, Selection, group_index
+from rstar2_jax.algorithms.selection import nonuniform_group_mask
 
 Mode = Literal["paper", "released"]
 
@@ -54,7 +51,7 @@ def penalty_terms(
     num_answer_blocks: jnp.ndarray,
     num_turns: jnp.ndarray,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """The two RoC penalty terms (p_err, p_format) of each rollout, from its statistics.
+    """The paper's two RoC penalty terms (p_err, p_format) of each rollout, from its counts.
 
     All arguments are integer arrays of one (broadcastable) shape, one entry per rollout.
 
@@ -88,9 +85,121 @@ def roc_penalty(
     num_answer_blocks: jnp.ndarray,
     num_turns: jnp.ndarray,
 ) -> jnp.ndarray:
-    """RoC penalty p_err + p_format of each rollout (see `penalty_terms`), float32 in [0, 2]."""
+    """The paper's RoC penalty p_err + p_format of each rollout (`penalty_terms`), float32 in [0, 2]."""
     p_err, p_format = penalty_terms(num_tool_calls, num_tool_errors, num_answer_blocks, num_turns)
     return p_err + p_format
+
+
+def paper_penalty_terms(rollouts: Rollouts) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """(p_err, p_format) as the paper counts them (§2.2): an error is any failed call (execution
+    error, timeout, malformed call) and every model turn counts, the first included."""
+    r = rollouts
+    return penalty_terms(r.tool_calls, r.tool_errors, r.answer_blocks, r.turns)
+
+
+def released_penalty_terms(rollouts: Rollouts) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """(p_err, p_format) as the released code counts them (microsoft/rStar
+    `rstar2_agent/down_sample/roc.py`: `calc_error_ratio_penalty_weights`, `calc_format_penalty_weights`).
+
+    - p_err: a tool response is an error when its text contains "error" in any case, so a
+      timeout ("reason: timeout") is not one and an output that prints the word is; 0.5 with no
+      tool response.
+    - p_format: 1 when an answer tag is missing or unpaired (the `<answer>` and `</answer>`
+      counts differ from the closed blocks) or when no assistant turn after the first exists;
+      else min(1, (blocks - 1) / later turns). The released regex runs on the response text,
+      whose first assistant header is part of the prompt, so only turns 2, 3, ... count: a
+      correct answer with no tool call gets p_format 1 and p_total 1.5 here, 0.5 in the paper.
+
+    The released regexes read the whole decoded response; here the counts come from the
+    trajectory's structure (`Rollouts`), which agrees with them except on text no well-formed
+    rollout holds: an answer tag or a `<|im_start|>assistant` printed by a tool (the released
+    code counts them, letting a program's output change the format penalty), an answer block
+    opened in one turn and closed in a later one (unpaired here), and a truncated last turn
+    (counted here; its reward is 0, and negatives' penalties are not used).
+    """
+    r = rollouts
+    p_err, _ = penalty_terms(r.tool_calls, r.tool_error_mentions, r.answer_blocks, r.turns)
+    answers, later_turns = jnp.asarray(r.answer_blocks), jnp.asarray(r.turns) - 1
+    unscored = (answers == 0) | (jnp.asarray(r.answer_tags) != 2 * answers) | (later_turns == 0)
+    p_format = jnp.where(unscored, 1.0, jnp.minimum(1.0, (answers - 1) / jnp.maximum(later_turns, 1)))
+    return p_err, p_format.astype(jnp.float32)
+
+
+def paper_negative_quota(num_neg: jnp.ndarray, group_size: int) -> jnp.ndarray:
+    """Negatives kept out of 2G by the paper's rule: half, rounded down (floor(|neg| / 2)), so
+    the positives get the other half rounded up (ceil(|pos| / 2)) and the two fill G exactly.
+
+    The paper states "half" of each class without a rounding rule. Rounding alone would drop the
+    only negative of 2G - 1 positives and 1 negative (floor(1 / 2) = 0), leaving a group of
+    equal rewards: no signal, yet its tokens would dilute the token mean. So the quota is then
+    raised to 1; whenever both classes are present each keeps at least one rollout (needs G >= 2).
+    """
+    num_pos = 2 * group_size - num_neg
+    return jnp.clip(num_neg // 2, jnp.minimum(num_neg, 1), group_size - jnp.minimum(num_pos, 1))
+
+
+def released_negative_quota(num_neg: jnp.ndarray, group_size: int) -> jnp.ndarray:
+    """Negatives kept out of 2G by the released rule (microsoft/rStar `down_sample/roc.py`, quotas per uid).
+
+    Quotas proportional to the class sizes, round(|neg| / 2) and round(|pos| / 2) with
+    round-half-to-even (Python's `round`); a quota at or below min(2, class size) is raised to
+    it, the other class taking the rest, negatives first and positives second (the positives'
+    floor wins). 31 correct and 1 wrong keeps 1 negative; 30 and 2 keeps 2. For odd G the two
+    rounded quotas need not sum to G (the released code then fails an assertion); negatives
+    keep their rounded quota and positives take the rest, which is the released result for
+    every even G.
+    """
+    num_pos = 2 * group_size - num_neg
+    half = num_neg // 2
+    quota = half + (num_neg % 2) * (half % 2)  # round(num_neg / 2), half to even
+    neg_floor = jnp.minimum(_RELEASED_MIN_PER_CLASS, num_neg)
+    quota = jnp.where(quota <= neg_floor, neg_floor, quota)
+    pos_floor = jnp.minimum(_RELEASED_MIN_PER_CLASS, num_pos)
+    return jnp.where(group_size - quota <= pos_floor, group_size - pos_floor, quota)
+
+
+class RocRule(NamedTuple):
+    """Everything in which one RoC variant differs from the other."""
+
+    penalty_terms: Callable[[Rollouts], tuple[jnp.ndarray, jnp.ndarray]]
+    negative_quota: Callable[[jnp.ndarray, int], jnp.ndarray]
+    sample_positives: bool  # True: draw proportional to 1 / penalty; False: lowest first
+
+
+RULES: dict[str, RocRule] = {
+    "paper": RocRule(paper_penalty_terms, paper_negative_quota, sample_positives=True),
+    "released": RocRule(released_penalty_terms, released_negative_quota, sample_positives=False),
+}
+
+
+def roc_selection(key: jax.Array, rollouts: Rollouts, group_size: int,
+                  mode: Mode = "paper") -> Selection:
+    """GRPO-RoC's selection (an `Algorithm.select`): the equal-reward filter, then RoC keeps G
+    of each remaining question's 2G rollouts, all of which train.
+
+    Args:
+      key: PRNG key for the paper rule's draws.
+      rollouts: `[questions, 2G]` rollouts.
+      group_size: G.
+      mode: "paper" or "released".
+
+    Returns:
+      `Selection` with `[kept questions, G]` indices, question order, ascending within a row.
+    """
+    rewards = np.asarray(rollouts.rewards)
+    questions, n = rewards.shape
+    if n != 2 * group_size:
+        raise ValueError(f"GRPO-RoC keeps G of the 2G rollouts of a question: got {n} rollouts per "
+                         f"question for G = {group_size}")
+    _check_mode(mode)
+    keep = np.flatnonzero(np.asarray(nonuniform_group_mask(rewards)))
+    p_err, p_format = RULES[mode].penalty_terms(rollouts)
+    penalties = np.asarray(p_err + p_format)
+    local = np.zeros((0, group_size), np.int64)
+    if keep.size:
+        local = np.asarray(roc_select_batch(key, rewards[keep], penalties[keep], group_size, mode))
+    index = group_index(keep, local, n)
+    return Selection(index, np.ones(index.shape, bool))
 
 
 def roc_select(
@@ -110,20 +219,20 @@ def roc_select(
       rewards: `[2G]` binary outcome rewards (1 correct, 0 not).
       penalties: `[2G]` RoC penalties (`roc_penalty`), finite and >= 0; only the positives' are used.
       group_size: G, the number of rollouts to keep.
-      mode: "paper" or "released" (module docstring).
+      mode: "paper" or "released" (module docstring, `RULES`).
 
     Returns:
       `[G]` int32 distinct indices into the 2G rollouts, ascending (rollout order).
     """
     rewards, penalties = jnp.asarray(rewards), jnp.asarray(penalties)
     _check_group(rewards, penalties, group_size, mode)
+    rule = RULES[mode]
     positive = rewards == 1
     num_neg = jnp.sum(~positive, dtype=jnp.int32)
-    if mode == "paper":
-        neg_quota = num_neg // 2
+    neg_quota = rule.negative_quota(num_neg, group_size)
+    if rule.sample_positives:
         keys = _paper_sort_keys(key, positive, penalties)
     else:
-        neg_quota = _released_negative_quota(num_neg, group_size)
         keys = (jnp.where(positive, penalties, 0.0),)
     pos_quota = group_size - neg_quota
     rank = _rank_within_class(positive, num_neg, keys)
@@ -164,11 +273,16 @@ def roc_select_batch(
 _select_many = jax.jit(jax.vmap(roc_select, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
 
 
+def _check_mode(mode):
+    if mode not in RULES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, RULES))}, got {mode!r}")
+
+
 def _check_group(rewards, penalties, group_size, mode, batched=False):
-    if mode not in ("paper", "released"):
-        raise ValueError(f"mode must be 'paper' or 'released', got {mode!r}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    _check_mode(mode)
+    if group_size < 2:
+        raise ValueError(f"RoC keeps at least one rollout of each class, so it needs "
+                         f"group_size >= 2, got {group_size}")
     if mode == "released" and group_size < 2 * _RELEASED_MIN_PER_CLASS:
         raise ValueError(
             f"the released rule keeps at least {_RELEASED_MIN_PER_CLASS} per class, so it needs "
@@ -198,18 +312,6 @@ def _paper_sort_keys(key, positive, penalties):
     log_weight = jnp.where(penalised, -jnp.log(jnp.where(penalised, penalties, 1.0)), 0.0)
     # Zero-penalty positives (infinite weight) go first, ordered among themselves by the noise alone.
     return (penalised, -(log_weight + gumbel))
-
-
-def _released_negative_quota(num_neg, group_size):
-    """Negatives kept by the released rule for `num_neg` negatives out of 2G rollouts."""
-    num_pos = 2 * group_size - num_neg
-    half = num_neg // 2
-    quota = half + (num_neg % 2) * (half % 2)  # round(num_neg / 2), half to even
-    neg_floor = jnp.minimum(_RELEASED_MIN_PER_CLASS, num_neg)
-    quota = jnp.where(quota <= neg_floor, neg_floor, quota)
-    # Applied second, so the positives' floor wins, as in the released code.
-    pos_floor = jnp.minimum(_RELEASED_MIN_PER_CLASS, num_pos)
-    return jnp.where(group_size - quota <= pos_floor, group_size - pos_floor, quota)
 
 
 def _rank_within_class(positive, num_neg, keys):

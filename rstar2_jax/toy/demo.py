@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rstar2_jax.algorithms import Algorithm
 from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.evaluate import EvalReport, sample_problems, write_samples
 from rstar2_jax.runtime import RolloutRuntime
@@ -232,15 +233,16 @@ def train_sft_policy(cfg: DemoConfig, sandbox, *, progress: bool = True) -> None
 
 
 def train_rl_policy(cfg: DemoConfig, name: str, runtime: RolloutRuntime, *,
-                    progress: bool = True) -> Path:
-    """RL from ``<out>/sft_model`` in run directory ``<out>/<name>``, rollouts by ``runtime``;
-    returns the exported policy's directory ``<out>/<name>_model``."""
+                    algorithm: Algorithm | None = None, progress: bool = True) -> Path:
+    """RL from ``<out>/sft_model`` in run directory ``<out>/<name>``, rollouts by ``runtime``,
+    with ``algorithm`` (default: the one ``cfg.rl.algorithm`` names); returns the exported
+    policy's directory ``<out>/<name>_model``."""
     from transformers import AutoTokenizer
 
     from rstar2_jax.train.rl import run_rl
 
     out = Path(cfg.out)
-    run_rl(rl_config(cfg, out, name), runtime=runtime, progress=progress)
+    run_rl(rl_config(cfg, out, name), algorithm=algorithm, runtime=runtime, progress=progress)
     export_model(out / name, out / f"{name}_model", AutoTokenizer.from_pretrained(out / "sft_model"))
     return out / f"{name}_model"
 
@@ -300,14 +302,14 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
             after_sft = evaluator(out / "sft_model", out / "eval_sft.jsonl")
         if progress:
             print(f"  after SFT: {after_sft.summary()}", flush=True)
-        with phase("rl", f"GRPO-RoC ({cfg.rl.roc_rule} rule), {cfg.rl_steps} steps"):
+        with phase("rl", f"RL with {cfg.rl.algorithm}, {cfg.rl_steps} steps"):
             final = train_rl_policy(cfg, "rl", runtime, progress=progress)
         with phase("eval_rl", "the same evaluation of the RL policy"):
             after_rl = evaluator(final, out / "eval_rl.jsonl")
         if progress:
             print(f"  after RL:  {after_rl.summary()}", flush=True)
     with phase("report", f"curves.png, summary.json; the final model is {final}"):
-        plot_curves({f"GRPO-RoC ({cfg.rl.roc_rule})": read_metrics(out / "rl")}, out / "curves.png")
+        plot_curves({cfg.rl.algorithm: read_metrics(out / "rl")}, out / "curves.png")
     seconds["total"] = time.perf_counter() - start
     summary = DemoSummary(after_sft, after_rl, seconds)
     (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")

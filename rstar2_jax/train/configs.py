@@ -1,9 +1,9 @@
 """Frozen dataclass configs for the training jobs.
 
 Defaults are the paper's (rStar2-Agent §4-5 and the released verl recipe): AdamW at lr 1e-6,
-constant after 20 linear warmup steps, weight decay 0.01, global-norm clip 1.0; Clip-Higher
-0.2/0.28 with no KL and no entropy term (the loss has neither, by design); temperature 1.0;
-2G = 32 rollouts per question, G = 16 kept; 512 questions per step.
+constant after 20 linear warmup steps, weight decay 0.01, global-norm clip 1.0; GRPO-RoC
+(Clip-Higher 0.2/0.28, no KL and no entropy term); temperature 1.0; 2G = 32 rollouts per
+question, G = 16 kept; 512 questions per step.
 
 Load them with :func:`rstar2_jax.config.load_config` (YAML + ``key=value`` overrides).
 """
@@ -15,6 +15,7 @@ from typing import Literal
 from omegaconf import MISSING
 
 from rstar2_jax import chat
+from rstar2_jax.algorithms import resolve_algorithm
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 
 
@@ -133,20 +134,20 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    """GRPO-RoC: what one RL step samples, keeps and optimizes.
+    """What one RL step samples, keeps and optimizes, and with which algorithm.
 
-    Per question ``rollouts_per_question`` (2G) rollouts are scored; groups with all-equal rewards
-    are dropped and RoC keeps ``group_size`` (G). The kept rollouts are split into
-    ``mini_batches`` optimizer updates, each accumulated over micro-batches of
-    ``micro_batch_size`` rows with an exact token mean.
+    Per question ``rollouts_per_question`` (n) rollouts are scored. ``algorithm`` names the
+    `rstar2_jax.algorithms.Algorithm` that selects the rollouts to train on (GRPO-RoC, the
+    default, drops groups of equal rewards and keeps ``group_size`` (G) of 2G), computes their
+    advantages and defines the loss: a name of ``rstar2_jax.algorithms.ALGORITHMS`` or an import
+    path ``package.module:object``. The kept rollouts are split into ``mini_batches`` optimizer
+    updates, each accumulated over micro-batches of ``micro_batch_size`` rows.
     """
 
     questions_per_step: int = 512
     rollouts_per_question: int = 32
     group_size: int = 16
-    roc_rule: Literal["paper", "released", "none"] = "paper"  # "none": plain GRPO, keep all
-    eps_low: float = 0.2
-    eps_high: float = 0.28
+    algorithm: str = "grpo_roc"
     temperature: float = 1.0
     max_prompt_tokens: int = 2048
     mini_batches: int = 1
@@ -160,12 +161,10 @@ class RLConfig:
         _check(1 <= self.group_size <= self.rollouts_per_question,
                f"rl.group_size must be in [1, rl.rollouts_per_question={self.rollouts_per_question}], "
                f"got {self.group_size}")
-        _check(self.roc_rule == "none" or self.rollouts_per_question == 2 * self.group_size,
-               f"RoC keeps G of 2G rollouts: rl.rollouts_per_question "
-               f"({self.rollouts_per_question}) must be 2 * rl.group_size ({self.group_size}) "
-               f"unless rl.roc_rule=none")
-        _check(0 < self.eps_low < 1, f"rl.eps_low must be in (0, 1), got {self.eps_low}")
-        _check(self.eps_high > 0, f"rl.eps_high must be > 0, got {self.eps_high}")
+        try:
+            resolve_algorithm(self.algorithm)
+        except ValueError as e:
+            raise ValueError(f"rl.algorithm: {e}") from None
         _check(self.temperature > 0, f"rl.temperature must be > 0, got {self.temperature}")
         _check(self.mini_batches >= 1, f"rl.mini_batches must be >= 1, got {self.mini_batches}")
         _check(self.micro_batch_size is None or self.micro_batch_size >= 1,

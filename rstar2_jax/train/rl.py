@@ -1,12 +1,16 @@
-"""The GRPO-RoC training loop: rollouts, rewards, selection, update, repeated.
+"""The RL training loop: rollouts, rewards, selection, update, repeated.
 
-One RL step, for `questions_per_step` questions (DESIGN.md §3-4):
+One RL step, for `questions_per_step` questions (docs/algorithms.md):
 
-    rollouts      2G per question through the agentic sampler (tools run while rows decode)
+    rollouts      n per question through the agentic sampler (tools run while rows decode)
     rewards       each finished rollout is scored by the verifier pool at once (overlapping
                   the rollouts still running); a truncated rollout scores 0
-    selection     drop questions whose 2G rewards are all equal, RoC down to G, advantages
-    update        old log-probs by the training forward, clipped token-mean loss, optax
+    selection     the algorithm's: for GRPO-RoC, drop questions whose 2G rewards are all
+                  equal, RoC down to G; then the algorithm's advantages
+    update        old log-probs by the training forward, the algorithm's loss, optax
+
+The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
+one passed to `run_rl`.
 
 The sampler reads the updated params directly: same process, no weight copy. Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
@@ -24,13 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
+from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import RLJobConfig
-from rstar2_jax.train.rl_data import make_batch, rollout_metrics, select_rollouts
+from rstar2_jax.train.rl_data import (
+    check_algorithm,
+    make_batch,
+    rollout_arrays,
+    rollout_metrics,
+    select_rollouts,
+)
 from rstar2_jax.train.rl_update import RLUpdate
 from rstar2_jax.train.run import start_run
 from rstar2_jax.train.step import TrainState
@@ -54,6 +65,7 @@ class RLLoop:
     """The parts one RL step needs; `step` runs one and returns its metrics."""
 
     config: RLJobConfig
+    algorithm: Algorithm
     tokenizer: object
     fmt: chat.ChatFormat
     problems: list[Problem]
@@ -72,19 +84,20 @@ class RLLoop:
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, state.params, problems, prompts,
             rl.rollouts_per_question, rollout_seed)
-        selection = select_rollouts(jax.random.fold_in(step_key, 1), rewards, trajs,
-                                    rl.group_size, rl.roc_rule)
-        metrics = rollout_metrics(trajs, rewards, selection) | {
+        rollouts = rollout_arrays(trajs, rewards)
+        kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
+                               rl.group_size)
+        metrics = rollout_metrics(rollouts, kept, trajs) | {
             "time/rollout_s": stats.wall_s, "time/tool_wait_s": stats.tool_wait_s,
             "time/reward_wait_s": reward_wait,
             "perf/rollout_tokens_per_s": stats.tokens_per_s}
         start = time.perf_counter()
-        if selection.kept.size:
-            batch = make_batch(trajs, selection, pad_id=self.pad_id)
+        if kept.index.size:
+            batch = make_batch(trajs, kept, pad_id=self.pad_id)
             state, update_metrics = self.update(state, batch)
             metrics |= update_metrics
         else:
-            log.info("step %d: every question had equal rewards; no update", step + 1)
+            log.info("step %d: the selection kept no rollout to train on; no update", step + 1)
         metrics["time/update_s"] = time.perf_counter() - start
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
         # One RL step may take several optimizer updates (mini-batches) or none; the train
@@ -94,17 +107,28 @@ class RLLoop:
         return state, metrics
 
 
-def run_rl(config: RLJobConfig, *, runtime: RolloutRuntime | None = None,
+def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
+           runtime: RolloutRuntime | None = None,
            on_step: Callable[[int, dict], None] | None = None, progress: bool = True) -> TrainState:
     """Runs one RL stage (`config.stage`), resuming from `run_dir` when it has a checkpoint.
 
-    `runtime` runs the rollouts (a job with several phases passes the one it has entered; its
-    settings must be `config.rollout`); without one the stage starts its own. `on_step(step,
-    metrics)` is called after each step is logged. Returns the final state.
+    `algorithm` is the RL algorithm to train with; without one, the one `config.rl.algorithm`
+    names. It is checked on a tiny made-up step before anything starts. `runtime` runs the
+    rollouts (a job with several phases passes the one it has entered; its settings must be
+    `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
+    after each step is logged. Returns the final state.
     """
+    if algorithm is None:
+        algorithm = resolve_algorithm(config.rl.algorithm)
+    check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size)
     if runtime is None:
         with RolloutRuntime(config.rollout) as runtime:
-            return run_rl(config, runtime=runtime, on_step=on_step, progress=progress)
+            return _run_rl(config, algorithm, runtime, on_step, progress)
+    return _run_rl(config, algorithm, runtime, on_step, progress)
+
+
+def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
+            on_step: Callable[[int, dict], None] | None, progress: bool) -> TrainState:
     if runtime.settings != config.rollout:
         raise ValueError(f"the runtime's settings {runtime.settings} are not the config's "
                          f"rollout settings {config.rollout}")
@@ -118,12 +142,13 @@ def run_rl(config: RLJobConfig, *, runtime: RolloutRuntime | None = None,
                     reset_optimizer=config.stage.reset_optimizer, progress=progress)
     try:
         loop = RLLoop(
-            config=config, tokenizer=tokenizer, fmt=fmt,
+            config=config, algorithm=algorithm, tokenizer=tokenizer, fmt=fmt,
             problems=problems, verifier=runtime.verifier,
             sampler=runtime.sampler(run.model_config, tokenizer, config.limits,
                                     SamplingParams(temperature=config.rl.temperature), fmt),
             update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
-                            param_specs=run.param_specs, params=run.state.params),
+                            param_specs=run.param_specs, params=run.state.params,
+                            loss=algorithm.loss),
             pad_id=tokenizer.pad_token_id or 0)
         for step in range(run.step, run.end_step):
             state, metrics = loop.step(run.state, step, run.rng)

@@ -1,78 +1,120 @@
-"""From scored rollouts to a training batch: equal-reward filter, RoC, advantages, padding.
+"""From scored rollouts to a training batch, through the run's algorithm: per-rollout arrays,
+selection, advantages, padding; and the step's rollout metrics.
 
-Host-side glue between the sampler's `Trajectory` records and the pure functions of
-`rstar2_jax.algorithms`; nothing here touches the model.
+Host-side glue between the sampler's `Trajectory` records and an `Algorithm` (pure functions of
+arrays, `rstar2_jax.algorithms`); nothing here touches the model or knows which algorithm runs.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
+from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from rstar2_jax.algorithms import (
-    group_advantages,
-    nonuniform_group_mask,
-    penalty_terms,
-    roc_select_batch,
-)
+from rstar2_jax import chat
+from rstar2_jax.algorithms import Algorithm, Rollouts, paper_penalty_terms
 from rstar2_jax.sampler import Trajectory
-
-# "none" is plain GRPO on all sampled rollouts (the paper's baseline), for comparison.
-SelectionRule = Literal["paper", "released", "none"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Selection:
-    """Which rollouts train, and their advantages.
+class KeptRollouts:
+    """The rollouts that train this step, and their advantages.
 
-    kept: `[num_kept]` indices into the step's trajectories (ordered by question, then sample).
-    advantages: `[num_kept]` float32, one per kept rollout.
-    groups_kept: questions whose rewards were not all equal.
+    index: `[rows]` indices into the step's trajectories (question-major: question q's rollout
+      i is `q * n + i`), group by group.
+    advantages: `[rows]` float32, one per trained rollout.
+    groups: advantage groups the selection formed (questions it kept).
     """
 
-    kept: np.ndarray
+    index: np.ndarray
     advantages: np.ndarray
-    groups_kept: int
+    groups: int
 
 
-def penalties_of(trajs: Sequence[Trajectory]) -> tuple[np.ndarray, np.ndarray]:
-    """RoC penalty terms (p_err, p_format) of each trajectory, `[len(trajs)]` each."""
-    stats = np.array([[t.num_tool_calls, t.num_tool_errors, t.num_answer_blocks,
-                       max(t.num_turns, 1)] for t in trajs], np.int32).reshape(-1, 4)
-    return tuple(np.asarray(term) for term in penalty_terms(*stats.T))
+def rollout_arrays(trajs: Sequence[Trajectory], rewards: np.ndarray) -> Rollouts:
+    """`Rollouts` `[questions, n]` of the step's trajectories (trajectory `q * n + i` is question
+    q's i-th) and their rewards `[questions, n]`."""
+    if len(trajs) != rewards.size:
+        raise ValueError(f"{len(trajs)} trajectories for {rewards.shape[0]} x {rewards.shape[1]} rewards")
+
+    def field(value, dtype):
+        return np.array([value(t) for t in trajs], dtype).reshape(rewards.shape)
+
+    def answer_tags(t: Trajectory) -> int:
+        return sum(text.count(chat.ANSWER_START) + text.count(chat.ANSWER_END) for text in t.turn_texts)
+
+    return Rollouts(
+        rewards=np.asarray(rewards, np.float32),
+        lengths=field(lambda t: sum(t.loss_mask), np.int32),
+        truncated=field(lambda t: t.truncated, bool),
+        tool_calls=field(lambda t: t.num_tool_calls, np.int32),
+        tool_errors=field(lambda t: t.num_tool_errors, np.int32),
+        tool_error_mentions=field(
+            lambda t: sum("error" in c.response_text.lower() for c in t.tool_calls), np.int32),
+        answer_blocks=field(lambda t: t.num_answer_blocks, np.int32),
+        answer_tags=field(answer_tags, np.int32),
+        turns=field(lambda t: max(t.num_turns, 1), np.int32),
+    )
 
 
-def select_rollouts(key: jax.Array, rewards: np.ndarray, trajs: Sequence[Trajectory],
-                    group_size: int, rule: SelectionRule = "paper") -> Selection:
-    """Equal-reward filter, then RoC down to `group_size` per question, then GRPO advantages.
+def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
+                    group_size: int) -> KeptRollouts:
+    """Runs the algorithm's selection and advantage estimator and checks what they return.
 
     Args:
-      key: PRNG key for the "paper" rule's sampling.
-      rewards: `[questions, n]` binary rewards; trajectory `q * n + i` is question q's i-th.
-      trajs: the `questions * n` trajectories.
-      group_size: G, rollouts kept per question (ignored by rule "none", which keeps all n).
-      rule: "paper" / "released" RoC (see `roc_select`), or "none" for plain GRPO.
+      algorithm: the run's algorithm.
+      key: PRNG key for the selection's sampling.
+      rollouts: `[questions, n]` rollouts of the step.
+      group_size: G, passed to the selection (``rl.group_size``).
     """
-    questions, n = rewards.shape
-    if len(trajs) != questions * n:
-        raise ValueError(f"{len(trajs)} trajectories for {questions} x {n} rewards")
-    keep = np.flatnonzero(np.asarray(nonuniform_group_mask(rewards)))
-    if keep.size == 0:
-        return Selection(np.zeros((0,), np.int64), np.zeros((0,), np.float32), 0)
-    if rule == "none":
-        local = np.tile(np.arange(n), (keep.size, 1))
-    else:
-        penalties = sum(penalties_of(trajs)).reshape(questions, n)
-        local = np.asarray(roc_select_batch(key, rewards[keep], penalties[keep], group_size, rule))
-    kept_rewards = np.take_along_axis(rewards[keep], local, axis=1)
-    advantages = np.asarray(group_advantages(kept_rewards), np.float32)
-    kept = (keep[:, None] * n + local).reshape(-1)
-    return Selection(kept, advantages.reshape(-1), int(keep.size))
+    selection = algorithm.select(key, rollouts, group_size)
+    index, trains = np.asarray(selection.index), np.asarray(selection.trains)
+    if index.ndim != 2 or trains.shape != index.shape or trains.dtype != bool:
+        raise ValueError(f"select must return a Selection of [groups, m] int index and bool trains, "
+                         f"got shapes {index.shape} and {trains.shape} ({trains.dtype})")
+    total = rollouts.rewards.size
+    if index.size and (not np.issubdtype(index.dtype, np.integer) or index.min() < 0 or index.max() >= total):
+        raise ValueError(f"select returned indices outside the step's {total} rollouts")
+    if len(np.unique(index)) != index.size:
+        raise ValueError("select returned a rollout twice")
+    if index.shape[0] == 0:
+        return KeptRollouts(np.zeros((0,), np.int64), np.zeros((0,), np.float32), 0)
+    advantages = np.asarray(algorithm.advantages(rollouts.take(index)), np.float32)
+    if advantages.shape != index.shape:
+        raise ValueError(f"advantages must return one value per kept rollout, {index.shape}, "
+                         f"got shape {advantages.shape}")
+    if not np.all(np.isfinite(advantages[trains])):
+        raise ValueError("advantages returned a non-finite value for a rollout that trains")
+    return KeptRollouts(index[trains].astype(np.int64), advantages[trains], index.shape[0])
 
 
-def make_batch(trajs: Sequence[Trajectory], selection: Selection, *, pad_id: int,
+def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int) -> None:
+    """Runs the algorithm's three functions on a tiny made-up step (two questions, one with
+    mixed rewards; one row of loss tokens) so that a mistake in them, or a selection that
+    cannot work with these sizes, fails before the first rollout. Raises ValueError."""
+    n = rollouts_per_question
+    rewards = np.zeros((2, n), np.float32)
+    rewards[1, : n // 2 or 1] = 1.0
+    ones = np.ones((2, n), np.int32)
+    rollouts = Rollouts(rewards, lengths=4 * ones, truncated=np.zeros((2, n), bool),
+                        tool_calls=ones, tool_errors=0 * ones, tool_error_mentions=0 * ones,
+                        answer_blocks=ones, answer_tags=2 * ones, turns=2 * ones)
+    try:
+        select_rollouts(algorithm, jax.random.key(0), rollouts, group_size)
+    except ValueError as e:
+        raise ValueError(f"the algorithm cannot run with rl.rollouts_per_question={n} and "
+                         f"rl.group_size={group_size}: {e}") from None
+    logp = jnp.full((2, 3), -1.0)
+    out = algorithm.loss(logp, logp, jnp.array([1.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]], bool))
+    if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], dict)
+            and jnp.ndim(out[0]) == 0 and jnp.ndim(out[1]) == 0):
+        raise ValueError("the algorithm's loss must return (loss_sum, count, metric_sums): two "
+                         "scalars and a dict of scalars")
+
+
+def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
                length_multiple: int = 64) -> dict[str, np.ndarray]:
     """Right-padded training arrays for the kept rollouts.
 
@@ -86,7 +128,7 @@ def make_batch(trajs: Sequence[Trajectory], selection: Selection, *, pad_id: int
     tokens), sampler_logp (the sampler's log-prob of each token, 0 elsewhere), and
     `[rows]` advantages.
     """
-    chosen = [trajs[i] for i in selection.kept]
+    chosen = [trajs[i] for i in kept.index]
     rows = 1 << max(len(chosen) - 1, 0).bit_length()
     longest = max((len(t.prompt_ids) + len(t.response_ids) for t in chosen), default=1)
     seq = -(-longest // length_multiple) * length_multiple
@@ -95,7 +137,7 @@ def make_batch(trajs: Sequence[Trajectory], selection: Selection, *, pad_id: int
              "loss_mask": np.zeros((rows, seq), np.int32),
              "sampler_logp": np.zeros((rows, seq), np.float32),
              "advantages": np.zeros((rows,), np.float32)}
-    for row, (t, adv) in enumerate(zip(chosen, selection.advantages)):
+    for row, (t, adv) in enumerate(zip(chosen, kept.advantages)):
         p, end = len(t.prompt_ids), len(t.prompt_ids) + len(t.response_ids)
         batch["tokens"][row, :end] = t.prompt_ids + t.response_ids
         batch["attention_mask"][row, :end] = 1
@@ -106,42 +148,45 @@ def make_batch(trajs: Sequence[Trajectory], selection: Selection, *, pad_id: int
     return batch
 
 
-def rollout_metrics(trajs: Sequence[Trajectory], rewards: np.ndarray,
-                    selection: Selection) -> dict[str, float]:
-    """Per-step statistics of the sampled and the kept rollouts (paper Fig. 4 and §4.3 curves)."""
-    flat = rewards.reshape(-1)
-    calls = np.array([t.num_tool_calls for t in trajs])
-    errors = np.array([t.num_tool_errors for t in trajs])
-    lengths = np.array([len(t.response_ids) for t in trajs])
-    p_err, p_format = penalties_of(trajs)
-    kept_pos = [i for i in selection.kept if flat[i] == 1]
-    all_pos = np.flatnonzero(flat == 1)
+def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
+                    trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Per-step statistics of the sampled and the kept rollouts (paper Fig. 4 and §4.3 curves).
 
-    def error_ratio(indices) -> float:
+    A ratio with nothing to measure is absent from the dict, never 0: the tool-error ratios among
+    positives when there is no positive (or no positive called a tool), for example.
+    """
+    flat = rollouts.take(np.arange(rollouts.rewards.size))
+    rewards = np.asarray(rollouts.rewards)
+    positive = flat.rewards == 1
+    kept_positive = np.zeros_like(positive)
+    kept_positive[kept.index] = positive[kept.index]
+    p_err, p_format = (np.asarray(x) for x in paper_penalty_terms(flat))
+
+    def error_ratio(which: np.ndarray) -> float | None:
         # Failed calls / calls over a set of rollouts (the paper's "tool-call error ratio").
-        total = calls[indices].sum() if len(indices) else 0
-        return float(errors[indices].sum() / total) if total else 0.0
+        calls = flat.tool_calls[which].sum()
+        return float(flat.tool_errors[which].sum() / calls) if calls else None
 
-    return {
-        "reward/mean": float(flat.mean()),
+    metrics = {
+        "reward/mean": float(rewards.mean()),
         "reward/question_accuracy": float(rewards.max(axis=1).mean()),  # solved at least once
         "groups/total": float(rewards.shape[0]),
-        "groups/kept": float(selection.groups_kept),
+        "groups/kept": float(kept.groups),
         "groups/all_correct": float((rewards.min(axis=1) == 1).mean()),
-        "rollouts/kept": float(len(selection.kept)),
-        # The error ratios below are 0 when there is no positive; these counts tell the cases apart.
-        "rollouts/positives": float(len(all_pos)),
-        "rollouts/kept_positives": float(len(kept_pos)),
-        "tools/calls_per_rollout": float(calls.mean()),
-        "tools/error_ratio": error_ratio(np.arange(len(trajs))),
-        "tools/error_ratio_positives": error_ratio(all_pos),
-        "tools/error_ratio_kept_positives": error_ratio(np.asarray(kept_pos, np.int64)),
-        "tools/rollouts_with_error": float((errors > 0).mean()),
+        "rollouts/kept": float(len(kept.index)),
+        "rollouts/positives": float(positive.sum()),
+        "rollouts/kept_positives": float(kept_positive.sum()),
+        "tools/calls_per_rollout": float(flat.tool_calls.mean()),
+        "tools/rollouts_with_error": float((flat.tool_errors > 0).mean()),
         "roc/penalty_mean": float((p_err + p_format).mean()),
         "roc/p_err_mean": float(p_err.mean()),
         "roc/format_penalty_mean": float(p_format.mean()),
-        "response/length_mean": float(lengths.mean()),
-        "response/length_max": float(lengths.max()),
-        "response/turns_mean": float(np.mean([t.num_turns for t in trajs])),
-        "response/truncated": float(np.mean([t.truncated for t in trajs])),
+        "response/length_mean": float(np.mean([len(t.response_ids) for t in trajs])),
+        "response/length_max": float(max(len(t.response_ids) for t in trajs)),
+        "response/turns_mean": float(flat.turns.mean()),
+        "response/truncated": float(flat.truncated.mean()),
     }
+    ratios = {"tools/error_ratio": error_ratio(np.ones_like(positive)),
+              "tools/error_ratio_positives": error_ratio(positive),
+              "tools/error_ratio_kept_positives": error_ratio(kept_positive)}
+    return metrics | {name: value for name, value in ratios.items() if value is not None}

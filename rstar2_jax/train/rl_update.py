@@ -1,17 +1,17 @@
-"""The RL optimizer update on a prepared batch of kept rollouts (GRPO-RoC, after selection).
+"""The RL optimizer update on a prepared batch of kept rollouts (after the algorithm's selection).
 
 Input, one row per kept rollout, every per-token array aligned with ``tokens``::
 
     tokens          int32   [rows, seq]  prompt, generated and tool tokens, right-padded
     attention_mask  int32   [rows, seq]  1 on real tokens
-    loss_mask       int32   [rows, seq]  1 on tokens the model generated (DESIGN.md §2)
-    advantages      float32 [rows]       the rollout's group-normalised advantage
+    loss_mask       int32   [rows, seq]  1 on tokens the model generated
+    advantages      float32 [rows]       the rollout's advantage (from the algorithm)
     sampler_logp    float32 [rows, seq]  log-prob the sampler gave each generated token
 
 The update (1) recomputes the old log-probs with the training forward, since the sampler's
 numerics differ slightly from the trainer's and the ratio must start at exactly 1; their gap is
 reported as the sampler/trainer mismatch; (2) splits the rows into ``mini_batches`` and takes
-one optimizer step per mini-batch with the clipped token-mean loss, accumulated exactly over
+one optimizer step per mini-batch with the algorithm's policy loss, accumulated exactly over
 micro-batches. With one mini-batch (the released recipe) the ratio is 1 and nothing is clipped;
 with more, later mini-batches see a moved policy and clipping starts to act.
 
@@ -28,7 +28,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.algorithms import policy_loss
+from rstar2_jax.algorithms import resolve_algorithm
+from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import batch_spec, named_shardings, place_batch
 from rstar2_jax.train.configs import RLConfig
@@ -46,17 +47,18 @@ def _shift(batch: dict) -> dict:
             "advantages": batch["advantages"]}
 
 
-def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig):
-    """``(loss_sum, token_count, metric_sums)`` of the clipped policy loss on a micro-batch of
-    shifted rows (see :func:`_shift`) that also carry ``old_logp`` [rows, seq-1]."""
+def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig,
+            loss: LossFn | None = None):
+    """``(loss_sum, count, metric_sums)`` of the policy loss on a micro-batch of shifted rows
+    (see :func:`_shift`) that also carry ``old_logp`` [rows, seq-1]: the trainer's log-probs go
+    to ``loss`` (default: the loss of the algorithm ``config.algorithm`` names), whose result
+    is the train step's contract as it is."""
+    if loss is None:
+        loss = resolve_algorithm(config.algorithm).loss
     logp = token_logprobs(params, model_config, mb["inputs"], mb["targets"], mb["attention_mask"],
                           chunk_size=config.logprob_chunk, temperature=config.temperature,
                           remat=config.remat)
-    loss_sum, count, m = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"],
-                                     config.eps_low, config.eps_high)
-    n = m["num_tokens"]
-    sums = {k: m[k] * n for k in ("clip_low_frac", "clip_high_frac", "approx_kl", "ratio_mean")}
-    return loss_sum, count.astype(jnp.float32), sums | {"ratio_max": m["ratio_max"]}
+    return loss(logp, mb["old_logp"], mb["advantages"], mb["mask"])
 
 
 def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfig, chunks: int):
@@ -87,17 +89,21 @@ def _masked_mean(x, mask):
 class RLUpdate:
     """``update(state, batch) -> (state, metrics)`` for one RL step; compiled once per shape.
 
-    Metrics: ``loss``, ``tokens``, ``grad_norm`` (mean over mini-batches), ``lr`` (last update),
-    ``clip_low_frac``, ``clip_high_frac``, ``approx_kl`` (k3 KL(old || new)), ``ratio_mean``,
-    ``ratio_max``, ``entropy`` (of the policy before the update, nats/token),
-    ``logprob_mismatch/abs`` (mean |sampler - trainer| log-prob) and ``logprob_mismatch/kl``
-    (k3 estimate of KL(sampler || trainer) per token). Token means are over all loss tokens of
-    the step.
+    ``loss`` is the algorithm's policy loss (`rstar2_jax.algorithms.Algorithm.loss`); by default
+    the one ``config.algorithm`` names.
+
+    Metrics: ``loss``, ``tokens`` (loss tokens of the step), ``grad_norm`` (mean over
+    mini-batches), ``lr`` (last update), ``entropy`` (of the policy before the update,
+    nats/token), ``logprob_mismatch/abs`` (mean |sampler - trainer| log-prob),
+    ``logprob_mismatch/kl`` (k3 estimate of KL(sampler || trainer) per token), all token means
+    over the step; and every metric of the loss (GRPO-RoC's: ``clip_low_frac``,
+    ``clip_high_frac``, ``approx_kl``, ``ratio_mean``, ``ratio_max``), averaged as the loss
+    averages (over the step's tokens or sequences).
     """
 
     def __init__(self, model_config: ModelConfig, config: RLConfig,
                  optimizer: optax.GradientTransformation, *, mesh: Mesh, param_specs: Any,
-                 params: Any):
+                 params: Any, loss: LossFn | None = None):
         self.model_config, self.config, self.mesh = model_config, config, mesh
         self._fsdp = mesh.shape["fsdp"]
         if config.micro_batch_size is not None and config.micro_batch_size % self._fsdp:
@@ -105,7 +111,7 @@ class RLUpdate:
                              f"over fsdp={self._fsdp} devices")
         self._rows = NamedSharding(mesh, batch_spec())
         self._param_shardings = named_shardings(mesh, param_specs)
-        loss = functools.partial(rl_loss, model_config=model_config, config=config)
+        loss = functools.partial(rl_loss, model_config=model_config, config=config, loss=loss)
         self._steps = {}  # micro-batches per update -> jitted train step
         self._old_passes = {}  # row chunks -> jitted old log-prob pass
         self._make_step = lambda micro: make_train_step(
@@ -140,7 +146,9 @@ class RLUpdate:
         for j in range(self.config.mini_batches):
             state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
-        return state, _combine(per_update) | {k: float(v) for k, v in jax.device_get(stats).items()}
+        tokens = float(batch["loss_mask"][:, 1:].sum())
+        return state, (_combine(per_update) | {"tokens": tokens}
+                       | {k: float(v) for k, v in jax.device_get(stats).items()})
 
     def _old_pass(self, chunks: int):
         def run(params, shifted):
@@ -176,12 +184,14 @@ class RLUpdate:
 
 
 def _combine(per_update: list[dict]) -> dict[str, float]:
-    """Token-weighted means over the mini-batch updates; grad norm averaged, lr of the last."""
-    tokens = np.array([m["tokens"] for m in per_update], np.float64)
-    total = max(tokens.sum(), 1.0)
-    out = {"tokens": float(tokens.sum()), "lr": float(per_update[-1]["lr"]),
-           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update])),
-           "ratio_max": float(max(m["ratio_max"] for m in per_update))}
-    for k in ("loss", "clip_low_frac", "clip_high_frac", "approx_kl", "ratio_mean"):
-        out[k] = float(sum(m[k] * t for m, t in zip(per_update, tokens)) / total)
+    """The mini-batch updates' metrics as one: each weighted by its loss count (``tokens`` of
+    the train step: loss tokens, or sequences, as the loss averages), maxima of ``_max``
+    names, grad norm averaged, lr of the last."""
+    counts = np.array([m["tokens"] for m in per_update], np.float64)
+    total = max(counts.sum(), 1.0)
+    out = {"lr": float(per_update[-1]["lr"]),
+           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update]))}
+    for k in per_update[0].keys() - {"lr", "grad_norm", "tokens"}:
+        values = [float(m[k]) for m in per_update]
+        out[k] = max(values) if k.endswith("_max") else float(np.dot(values, counts) / total)
     return out

@@ -1,0 +1,101 @@
+"""The algorithm of an RL run as one value: selection, advantage estimator and policy loss.
+
+    Algorithm(select=..., advantages=..., loss=...)
+
+Each RL step the trainer calls ``select``, then ``advantages``, then ``loss`` on every
+micro-batch of the update; nothing else about the algorithm is written in the trainer:
+
+1. ``select(key, rollouts, group_size) -> Selection``. ``rollouts`` is a `Rollouts` of arrays
+   ``[questions, n]`` (n rollouts sampled per question). It returns which rollouts form each
+   advantage group and which of them train. Host-side, on concrete arrays (numpy or jax); its
+   output size may depend on the values (groups are dropped), so it is not jitted.
+2. ``advantages(kept) -> [groups, m]``: ``kept`` is ``rollouts.take(selection.index)``, the same
+   record gathered to ``[groups, m]``; one float advantage per kept rollout, broadcast to each
+   of its loss tokens.
+3. ``loss(logp, old_logp, advantages, mask) -> (loss_sum, count, metric_sums)`` on one
+   micro-batch: ``logp``/``old_logp`` ``[rows, seq]`` (old is a constant), ``advantages`` ``[rows]``,
+   ``mask`` ``[rows, seq]`` bool (the model's own tokens). The step's loss is
+   ``sum(loss_sum) / sum(count)`` over micro-batches, so ``count`` is what the loss is averaged
+   over (tokens, or sequences) and must add up across micro-batches; padding rows (all-False
+   mask) must add 0 to both. Each ``metric_sums`` value is a float32 scalar that the train step
+   divides by the same total ``count``, except names ending in ``_max``, which are maxima. It
+   must be jit-able and differentiable in ``logp``.
+
+A new estimator is one pure function passed by value, e.g.
+``dataclasses.replace(GRPO_ROC, advantages=my_advantages)``; `rstar2_jax.algorithms.variants`
+holds the named ones a config can pick (``rl.algorithm``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import jax
+import numpy as np
+
+
+class Rollouts(NamedTuple):
+    """What the trainer knows about each sampled rollout, as arrays of one shape ``[questions, n]``
+    (or ``[groups, m]`` once gathered by `take`).
+
+    rewards: float32 outcome rewards (1 correct, 0 not; a truncated rollout scores 0).
+    lengths: int32 tokens the model generated (its loss tokens; tool output excluded).
+    truncated: bool, the token budget ran out before the rollout ended.
+    tool_calls: int32 tool calls made, malformed ones included.
+    tool_errors: int32 calls that failed: an execution error, a timeout, a malformed call.
+    tool_error_mentions: int32 calls whose response text contains "error" in any case (the
+      released rStar2 code's test for a failed call; it misses timeouts).
+    answer_blocks: int32 closed ``<answer>...</answer>`` blocks in the model's text.
+    answer_tags: int32 ``<answer>`` plus ``</answer>`` tags in the model's text (twice
+      ``answer_blocks`` when every tag is paired).
+    turns: int32 model turns, the first included (>= 1).
+    """
+
+    rewards: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    tool_calls: np.ndarray
+    tool_errors: np.ndarray
+    tool_error_mentions: np.ndarray
+    answer_blocks: np.ndarray
+    answer_tags: np.ndarray
+    turns: np.ndarray
+
+    def take(self, index: np.ndarray) -> Rollouts:
+        """Rollouts at ``index`` (any shape) into the flattened ``[questions * n]`` rollouts."""
+        index = np.asarray(index)
+        return Rollouts(*(np.asarray(field).reshape(-1)[index] for field in self))
+
+
+class Selection(NamedTuple):
+    """The output of a selection.
+
+    index: ``[groups, m]`` int, rollout indices into the flattened ``[questions * n]`` rollouts
+      (question q's rollout i is ``q * n + i``); each row is one advantage group.
+    trains: ``[groups, m]`` bool, the rollouts whose tokens enter the loss (False: the rollout
+      counts in its group's advantage statistics but is not trained on).
+    """
+
+    index: np.ndarray
+    trains: np.ndarray
+
+
+SelectFn = Callable[[jax.Array, Rollouts, int], Selection]
+AdvantageFn = Callable[[Rollouts], jax.Array]
+LossFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array],
+                  tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """An RL algorithm as three pure functions (contracts in the module docstring)."""
+
+    select: SelectFn
+    advantages: AdvantageFn
+    loss: LossFn
+
+
+def group_index(questions: np.ndarray, local: np.ndarray, n: int) -> np.ndarray:
+    """``[groups, m]`` flat rollout indices from kept ``questions`` ``[groups]`` and each one's
+    rollouts ``local`` ``[groups, m]`` (indices in ``[0, n)``)."""
+    return np.asarray(questions, np.int64)[:, None] * n + np.asarray(local, np.int64)

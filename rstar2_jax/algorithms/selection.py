@@ -1,0 +1,54 @@
+"""Selections (`Algorithm.select`) that keep whole groups: the equal-reward filter and DAPO's
+overlong filter. RoC, which down-samples each group, is in `rstar2_jax.algorithms.roc`."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rstar2_jax.algorithms.algorithm import Rollouts, SelectFn, Selection, group_index
+
+
+def nonuniform_group_mask(rewards: jnp.ndarray) -> jnp.ndarray:
+    """Which groups have at least two different rewards.
+
+    A group whose rewards are all equal has no relative signal: every group-relative advantage
+    is 0, yet its tokens would count in the loss's denominator.
+
+    Args:
+      rewards: `[num_groups, n]` rewards of the n rollouts of each question (any n >= 1).
+
+    Returns:
+      `[num_groups]` bool, True for groups to keep (rewards not all equal).
+    """
+    rewards = jnp.asarray(rewards)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [num_groups, n], got shape {rewards.shape}")
+    return jnp.max(rewards, axis=-1) != jnp.min(rewards, axis=-1)
+
+
+def keep_all(key: jax.Array, rollouts: Rollouts, group_size: int) -> Selection:
+    """Every rollout of every question whose rewards are not all equal, all trained.
+
+    The selection of plain GRPO. Dropping equal-reward groups is DAPO's dynamic-sampling filter
+    (Yu et al. 2025, §3.2: keep groups with 0 < accuracy < 1) without its re-sampling to refill
+    the batch. ``key`` and ``group_size`` are not used: each question's group is all n rollouts.
+    """
+    rewards = np.asarray(rollouts.rewards)
+    questions = np.flatnonzero(np.asarray(nonuniform_group_mask(rewards)))
+    n = rewards.shape[1]
+    index = group_index(questions, np.broadcast_to(np.arange(n), (len(questions), n)), n)
+    return Selection(index, np.ones(index.shape, bool))
+
+
+def overlong_filtered(select: SelectFn) -> SelectFn:
+    """``select``, then DAPO's overlong filtering (Yu et al. 2025, §3.4: "mask the loss of
+    truncated samples"): a truncated rollout keeps its place, and its reward, in its group's
+    advantage statistics, but none of its tokens is trained on or counted in the loss."""
+
+    def filtered(key: jax.Array, rollouts: Rollouts, group_size: int) -> Selection:
+        selection = select(key, rollouts, group_size)
+        truncated = np.asarray(rollouts.take(selection.index).truncated, bool)
+        return selection._replace(trains=np.asarray(selection.trains, bool) & ~truncated)
+
+    return filtered

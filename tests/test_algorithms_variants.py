@@ -1,0 +1,136 @@
+"""The named algorithms, each through the seam (select -> advantages -> loss) against closed
+forms, and the registry a config resolves ``rl.algorithm`` with."""
+import dataclasses
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar2_jax.algorithms import (
+    ALGORITHMS,
+    DAPO,
+    DR_GRPO,
+    GRPO,
+    GRPO_ROC,
+    GRPO_ROC_RELEASED,
+    GSPO,
+    Algorithm,
+    Rollouts,
+    gspo_loss,
+    resolve_algorithm,
+)
+
+
+def rollouts(rewards, truncated=None):
+    """Clean two-turn rollouts (one tool call, one answer) with these rewards `[questions, n]`."""
+    rewards = np.asarray(rewards, np.float32)
+    ones = np.ones(rewards.shape, np.int32)
+    truncated = np.zeros(rewards.shape, bool) if truncated is None else np.asarray(truncated)
+    return Rollouts(rewards, lengths=10 * ones, truncated=truncated, tool_calls=ones,
+                    tool_errors=0 * ones, tool_error_mentions=0 * ones, answer_blocks=ones,
+                    answer_tags=2 * ones, turns=2 * ones)
+
+
+def run(algorithm, r, group_size):
+    selection = algorithm.select(jax.random.key(0), r, group_size)
+    return selection, np.asarray(algorithm.advantages(r.take(selection.index)))
+
+
+def on_policy_loss(algorithm, advantages, lengths):
+    """The loss (sum / count) with logp = old_logp, one row per rollout of the given length."""
+    mask = np.arange(max(lengths))[None, :] < np.asarray(lengths)[:, None]
+    logp = jnp.full(mask.shape, -1.0)
+    loss_sum, count, _ = algorithm.loss(logp, logp, jnp.asarray(advantages, jnp.float32), mask)
+    return float(loss_sum) / float(count)
+
+
+REWARDS = [[1, 0, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]]  # question 1 has equal rewards
+
+
+def test_grpo_keeps_every_rollout_of_mixed_groups_with_std_normalised_advantages():
+    selection, adv = run(GRPO, rollouts(REWARDS), group_size=2)  # group_size is not used
+    np.testing.assert_array_equal(selection.index, [[0, 1, 2, 3], [8, 9, 10, 11]])
+    assert selection.trains.all()
+    # [1, 0, 0, 0]: mean 1/4, sample std 1/2; [0, 1, 1, 0]: mean 1/2, sample std sqrt(1/3).
+    np.testing.assert_allclose(adv[0], [1.5, -0.5, -0.5, -0.5], rtol=1e-5)
+    np.testing.assert_allclose(adv[1], np.array([-1, 1, 1, -1]) * 0.5 / np.sqrt(1 / 3), rtol=1e-5)
+    # Token mean on policy: -sum_i A_i |o_i| / sum_i |o_i|.
+    lengths = [1, 2, 3, 4]
+    expected = -np.dot(adv[0], lengths) / sum(lengths)
+    assert on_policy_loss(GRPO, adv[0], lengths) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", [GRPO_ROC, GRPO_ROC_RELEASED], ids=["paper", "released"])
+def test_grpo_roc_keeps_g_of_2g_and_normalises_over_the_kept_group(algorithm):
+    # 7 correct and 1 wrong of 2G = 8: both rules keep the wrong one and 3 correct; over the kept
+    # [1, 1, 1, 0], mean 3/4 and sample std 1/2, so A = +1/2 and -3/2.
+    selection, adv = run(algorithm, rollouts([[1, 1, 1, 1, 1, 1, 1, 0], [0] * 8]), group_size=4)
+    assert selection.index.shape == (1, 4) and 7 in selection.index[0]
+    expected = np.where(selection.index[0] == 7, -1.5, 0.5)
+    np.testing.assert_allclose(adv[0], expected, rtol=1e-5)
+    assert algorithm.loss is GRPO.loss  # the clipped token mean
+
+
+def test_dr_grpo_centres_without_std_and_sums_tokens_per_sequence():
+    selection, adv = run(DR_GRPO, rollouts(REWARDS), group_size=4)
+    np.testing.assert_allclose(adv, [[0.75, -0.25, -0.25, -0.25], [-0.5, 0.5, 0.5, -0.5]], rtol=1e-6)
+    # 1/G sum_i sum_t (-A_i) on policy: no 1/|o_i|, so a long rollout weighs more.
+    lengths = [1, 2, 3, 4]
+    expected = -np.dot(adv[0], lengths) / 4
+    assert on_policy_loss(DR_GRPO, adv[0], lengths) == pytest.approx(expected, rel=1e-6)
+
+
+def test_gspo_uses_grpo_advantages_and_the_sequence_level_loss():
+    _, adv = run(GSPO, rollouts(REWARDS), group_size=4)
+    np.testing.assert_allclose(adv, run(GRPO, rollouts(REWARDS), 4)[1], rtol=1e-6)
+    assert GSPO.loss is gspo_loss
+    # On policy every s_i = 1: the loss is the mean over sequences of -A_i, whatever the lengths.
+    assert on_policy_loss(GSPO, adv[0], [1, 2, 3, 4]) == pytest.approx(-np.mean(adv[0]), abs=1e-6)
+
+
+def test_dapo_masks_truncated_rollouts_but_keeps_them_in_the_group_statistics():
+    truncated = np.zeros((3, 4), bool)
+    truncated[2, 0] = True  # a wrong, truncated rollout of question 2
+    selection, adv = run(DAPO, rollouts(REWARDS, truncated), group_size=4)
+    np.testing.assert_array_equal(selection.index, [[0, 1, 2, 3], [8, 9, 10, 11]])
+    np.testing.assert_array_equal(selection.trains, [[1, 1, 1, 1], [0, 1, 1, 1]])
+    # Question 2's advantages are those of all four rewards [0, 1, 1, 0], the truncated included.
+    np.testing.assert_allclose(adv[1], np.array([-1, 1, 1, -1]) * 0.5 / np.sqrt(1 / 3), rtol=1e-5)
+    assert DAPO.loss is GRPO.loss  # token-level, Clip-Higher 0.2 / 0.28
+
+
+def test_every_named_algorithm_resolves_to_itself():
+    assert set(ALGORITHMS) == {"grpo", "grpo_roc", "grpo_roc_released", "dr_grpo", "gspo", "dapo"}
+    for name, algorithm in ALGORITHMS.items():
+        assert resolve_algorithm(name) is algorithm
+
+
+def test_an_import_path_resolves_user_code(tmp_path, monkeypatch):
+    (tmp_path / "my_algorithms.py").write_text(textwrap.dedent("""
+        import dataclasses
+        from rstar2_jax.algorithms import GRPO_ROC
+
+        def centred(kept):
+            return kept.rewards - kept.rewards.mean(axis=-1, keepdims=True)
+
+        MINE = dataclasses.replace(GRPO_ROC, advantages=centred)
+        NOT_ONE = 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = resolve_algorithm("my_algorithms:MINE")
+    assert isinstance(mine, Algorithm) and mine.select is GRPO_ROC.select
+    for spec, message in [("nope", "unknown algorithm 'nope'.*grpo_roc"),
+                          ("no_such_module_xyz:X", "cannot import module 'no_such_module_xyz'"),
+                          ("my_algorithms:OTHER", "has no 'OTHER'"),
+                          ("my_algorithms:NOT_ONE", "is a int, not an")]:
+        with pytest.raises(ValueError, match=message):
+            resolve_algorithm(spec)
+    sys.modules.pop("my_algorithms", None)
+
+
+def test_a_variant_is_a_frozen_value():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GRPO.loss = gspo_loss  # type: ignore[misc]

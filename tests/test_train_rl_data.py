@@ -1,0 +1,137 @@
+"""From trajectories to the algorithm's arrays and back: per-rollout counts, the checks on what
+an algorithm returns, and the step's rollout metrics (missing, never 0, when undefined)."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar2_jax.algorithms import DAPO, GRPO, GRPO_ROC, Algorithm, Selection
+from rstar2_jax.sampler.rollout import ToolCallRecord, Trajectory
+from rstar2_jax.sandbox import ExecResult, render_result
+from rstar2_jax.train.rl_data import (
+    check_algorithm,
+    make_batch,
+    rollout_arrays,
+    rollout_metrics,
+    select_rollouts,
+)
+
+TIMEOUT = render_result(ExecResult("timeout", wall_s=4.0))
+TRACEBACK = render_result(ExecResult("error", stderr="Traceback ...\nNameError: name 'x' is not defined",
+                                     exit_code=1))
+PRINTS_ERROR = render_result(ExecResult("ok", stdout="relative error 0.01"))
+CLEAN = render_result(ExecResult("ok", stdout="42"))
+
+
+def call(status, text, turn=0):
+    return ToolCallRecord(code="print(42)", stdin="", status=status, response_text=text, turn=turn)
+
+
+def trajectory(calls=(), answer="<answer>\\boxed{42}</answer>", tokens=6, finish="answer"):
+    """A trajectory with one model turn per call plus a final answer turn."""
+    turns = [f"<tool_call>...</tool_call><|im_end|>" for _ in calls] + [f"done {answer}<|im_end|>"]
+    spans = [(2 * i, 2 * i + 1) for i in range(len(turns))]
+    return Trajectory(prompt_index=0, sample_index=0, prompt_ids=[1, 2, 3],
+                      response_ids=list(range(4, 4 + tokens)), loss_mask=[1] * (tokens - 1) + [0],
+                      logprobs=[-0.5] * tokens, turn_spans=spans, turn_texts=turns,
+                      tool_calls=[call(s, t, i) for i, (s, t) in enumerate(calls)],
+                      num_answer_blocks=answer.count("</answer>"), finish_reason=finish)
+
+
+def test_rollout_arrays_count_what_each_rule_needs():
+    trajs = [trajectory(),
+             trajectory([("timeout", TIMEOUT), ("ok", CLEAN)]),
+             trajectory([("error", TRACEBACK), ("ok", PRINTS_ERROR)]),
+             trajectory(answer="<answer>1</answer><answer>", finish="budget")]
+    r = rollout_arrays(trajs, np.array([[1.0, 1.0], [1.0, 0.0]]))
+    assert r.rewards.shape == (2, 2) and r.rewards.dtype == np.float32
+    np.testing.assert_array_equal(r.tool_calls, [[0, 2], [2, 0]])
+    # The paper's errors: failed calls (the timeout, the traceback). The released code's: responses
+    # that say "error" (the traceback and the program that printed the word, not the timeout).
+    np.testing.assert_array_equal(r.tool_errors, [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(r.tool_error_mentions, [[0, 0], [2, 0]])
+    np.testing.assert_array_equal(r.answer_blocks, [[1, 1], [1, 1]])
+    np.testing.assert_array_equal(r.answer_tags, [[2, 2], [2, 3]])
+    np.testing.assert_array_equal(r.turns, [[1, 3], [3, 1]])
+    np.testing.assert_array_equal(r.lengths, [[5, 5], [5, 5]])
+    np.testing.assert_array_equal(r.truncated, [[False, False], [False, True]])
+    with pytest.raises(ValueError, match="3 trajectories for 2 x 2"):
+        rollout_arrays(trajs[:3], np.zeros((2, 2)))
+
+
+def test_selected_rows_are_the_trained_ones_with_their_advantages():
+    # DAPO on one mixed group [1, 0, 0, 1] whose rollout 1 is truncated: it is not trained, and
+    # the others keep the advantages computed over all four.
+    trajs = [trajectory(), trajectory(finish="budget"), trajectory(), trajectory()]
+    r = rollout_arrays(trajs, np.array([[1.0, 0.0, 0.0, 1.0]]))
+    kept = select_rollouts(DAPO, jax.random.key(0), r, group_size=2)
+    np.testing.assert_array_equal(kept.index, [0, 2, 3])
+    a = 0.5 / np.sqrt(1 / 3)
+    np.testing.assert_allclose(kept.advantages, [a, -a, a], rtol=1e-5)
+    assert kept.groups == 1
+    batch = make_batch(trajs, kept, pad_id=0)
+    assert batch["tokens"].shape == (4, 64)  # 3 rows padded to a power of two
+    np.testing.assert_allclose(batch["advantages"], [a, -a, a, 0.0], rtol=1e-5)
+    assert batch["loss_mask"][3].sum() == 0
+
+
+def _with_select(select):
+    return dataclasses.replace(GRPO, select=select)
+
+
+@pytest.mark.parametrize("algorithm, message", [
+    (_with_select(lambda k, r, g: Selection(np.array([0, 1]), np.array([True, True]))), r"\[groups, m\]"),
+    (_with_select(lambda k, r, g: Selection(np.array([[0, 0]]), np.ones((1, 2), bool))), "twice"),
+    (_with_select(lambda k, r, g: Selection(np.array([[0, 9]]), np.ones((1, 2), bool))), "outside"),
+    (dataclasses.replace(GRPO, advantages=lambda kept: kept.rewards[:, :1]), "one value per kept"),
+    (dataclasses.replace(GRPO, advantages=lambda kept: np.full_like(kept.rewards, np.nan)), "non-finite"),
+])
+def test_what_an_algorithm_returns_is_checked(algorithm, message):
+    r = rollout_arrays([trajectory()] * 4, np.array([[1.0, 0.0, 0.0, 1.0]]))
+    with pytest.raises(ValueError, match=message):
+        select_rollouts(algorithm, jax.random.key(0), r, group_size=2)
+
+
+def test_check_algorithm_fails_before_any_rollout():
+    check_algorithm(GRPO_ROC, rollouts_per_question=8, group_size=4)
+    check_algorithm(GRPO, rollouts_per_question=6, group_size=4)  # keeps all: any n
+    with pytest.raises(ValueError, match=r"rl\.rollouts_per_question=8 and rl\.group_size=3.*G of the 2G"):
+        check_algorithm(GRPO_ROC, rollouts_per_question=8, group_size=3)
+    broken = dataclasses.replace(GRPO, loss=lambda logp, old, adv, mask: jnp.sum(logp))
+    with pytest.raises(ValueError, match=r"\(loss_sum, count, metric_sums\)"):
+        check_algorithm(broken, rollouts_per_question=4, group_size=2)
+
+
+def test_error_ratios_are_missing_not_zero_when_undefined():
+    trajs = [trajectory([("timeout", TIMEOUT), ("ok", CLEAN)]), trajectory([("ok", CLEAN)]),
+             trajectory(), trajectory([("error", TRACEBACK)])]
+    # No positive at all: nothing to measure among positives.
+    r = rollout_arrays(trajs, np.zeros((1, 4)))
+    empty = select_rollouts(GRPO, jax.random.key(0), r, group_size=2)
+    m = rollout_metrics(r, empty, trajs)
+    assert "tools/error_ratio_positives" not in m and "tools/error_ratio_kept_positives" not in m
+    assert m["tools/error_ratio"] == pytest.approx(2 / 4) and m["rollouts/positives"] == 0
+    # Rollouts 0 and 2 correct: 1 failed call of 2 among positives.
+    r = rollout_arrays(trajs, np.array([[1.0, 0.0, 1.0, 0.0]]))
+    kept = select_rollouts(GRPO, jax.random.key(0), r, group_size=2)
+    m = rollout_metrics(r, kept, trajs)
+    assert m["tools/error_ratio_positives"] == pytest.approx(0.5)
+    assert m["tools/error_ratio_kept_positives"] == pytest.approx(0.5)
+    assert (m["rollouts/positives"], m["rollouts/kept_positives"], m["groups/kept"]) == (2, 2, 1)
+    # Only the positive without a tool call: no call to take a ratio of.
+    r = rollout_arrays(trajs, np.array([[0.0, 0.0, 1.0, 0.0]]))
+    m = rollout_metrics(r, select_rollouts(GRPO, jax.random.key(0), r, group_size=2), trajs)
+    assert "tools/error_ratio_positives" not in m and m["rollouts/positives"] == 1
+
+
+def test_a_custom_algorithm_needs_no_trainer_change():
+    # Rewards minus the group's best: a pure function passed by value.
+    def below_best(kept):
+        return kept.rewards - kept.rewards.max(axis=-1, keepdims=True)
+
+    algorithm = Algorithm(select=GRPO.select, advantages=below_best, loss=GRPO.loss)
+    r = rollout_arrays([trajectory()] * 4, np.array([[1.0, 0.0, 0.0, 1.0]]))
+    kept = select_rollouts(algorithm, jax.random.key(0), r, group_size=2)
+    np.testing.assert_array_equal(kept.advantages, [0.0, -1.0, -1.0, 0.0])
