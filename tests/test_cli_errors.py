@@ -103,6 +103,11 @@ def test_unwritable_hard_subset_output_and_missing_previous_stage(files, capsys)
         f"hard_subset.source={files}/problems.jsonl", f"hard_subset.output={files}/hard.jsonl")
 
 
+def test_rl_sizes_the_algorithm_cannot_run_with(files, capsys):
+    err = _run(capsys, *_rl(files, "rl.rollouts_per_question=2", "rl.group_size=1"))
+    assert "cannot run with rl.rollouts_per_question=2 and rl.group_size=1" in err
+
+
 def test_export_of_a_missing_path_creates_nothing(files, capsys):
     err = _run(capsys, "export", f"{files}/no_run/checkpoints", f"{files}/exported")
     assert f"checkpoint directory {files}/no_run/checkpoints does not exist" in err
