@@ -74,7 +74,7 @@ def test_sft_export_rl_eval_hard_subset(base):
 
     stage = ["stage.name=stage1", "stage.steps=1", f"stage.dataset={d}/problems.jsonl",
              "stage.max_turns=2", "stage.max_response_tokens=16", "rl.questions_per_step=2",
-             "rl.rollouts_per_question=2", "rl.group_size=2", "rl.max_prompt_tokens=512", "mesh.fsdp=1"]
+             "rl.rollouts_per_question=4", "rl.group_size=2", "rl.max_prompt_tokens=512", "mesh.fsdp=1"]
     out = _cli("rl", f"model.path={d}/sft_hf", f"run_dir={d}/rl", *stage, *ROLLOUT)
     assert "RL finished at step 1" in out
     assert (d / "rl" / "checkpoints" / "1").is_dir() and (d / "rl" / "metrics.jsonl").exists()
