@@ -19,7 +19,8 @@ from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.sft import encode_examples, epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft import epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft_data import encode_examples
 
 
 def _conversation(i):
@@ -84,7 +85,7 @@ def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
         encode_examples(str(d / "sft.jsonl"), tokenizer, fmt, 50)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": _conversation(0)}) + "\n" + '{"messages": [{"role": "user"}]}\n')
-    with pytest.raises(ValueError, match="line 2: not a conversation"):
+    with pytest.raises(ValueError, match="line 2: message 0: content must be a string"):
         encode_examples(str(bad), tokenizer, fmt, 256)
 
 

@@ -1,16 +1,16 @@
 """Supervised fine-tuning: next-token cross-entropy on the tokens the model should generate.
 
-Data is JSONL, one conversation per line as ``{"messages": [user, assistant, (tool,
-assistant)*]}``, encoded by :func:`rstar2_jax.chat.encode_conversation` exactly as the sampler
-builds trajectories; its loss mask is 1 on assistant tokens only, so prompts and tool outputs
-are attended to but never trained on. Batches are right-padded to ``seq_len``.
+Data is JSONL, one conversation per line in the standard chat layout, encoded by
+:func:`rstar2_jax.train.sft_data.encode_examples` (agent trajectories exactly as the sampler
+builds them, general chat with the tokenizer's chat template); the loss mask is 1 on assistant
+tokens only, so prompts and tool outputs are attended to but never trained on. Batches are
+right-padded to ``seq_len``.
 
 The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions.
 """
 from __future__ import annotations
 
 import functools
-import json
 import time
 from typing import Callable, Sequence
 
@@ -19,40 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
+from rstar2_jax.errors import ConfigError, DataError
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import place_batch
+from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
 from rstar2_jax.train.run import start_run
+from rstar2_jax.train.sft_data import encode_examples
 from rstar2_jax.train.step import TrainState, make_train_step
-
-
-def encode_examples(path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) of every conversation in the JSONL file at ``path``.
-
-    Raises ValueError naming the line for a malformed row, a conversation longer than
-    ``seq_len`` (truncating would silently train on a cut-off answer) or one with no
-    assistant token.
-    """
-    examples = []
-    with open(path) as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {line_number}"
-            try:
-                messages = json.loads(line)["messages"]
-                ids, mask = chat.encode_conversation(tokenizer, messages, fmt)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{where}: not a conversation ({e})") from None
-            if len(ids) > seq_len:
-                raise ValueError(f"{where}: {len(ids)} tokens, more than seq_len={seq_len}")
-            if not any(mask):
-                raise ValueError(f"{where}: no assistant token to train on")
-            examples.append((ids, mask))
-    if not examples:
-        raise ValueError(f"{path} holds no conversation")
-    return examples
 
 
 def pad_batch(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> dict:
@@ -94,23 +69,21 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     ``on_step(step, metrics)`` is called after each step is logged (and checkpointed if due).
     Returns the final train state.
     """
-    from transformers import AutoTokenizer  # heavy; only SFT needs it
-
-    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
-    examples = encode_examples(config.data, tokenizer, chat.get_format(config.model.chat_format),
-                               config.seq_len)
+    fmt = chat.get_format(config.model.chat_format)
+    tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
+    examples = encode_examples(config.data, tokenizer, fmt, config.seq_len)
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"{config.data} has {len(examples)} conversations, fewer than "
-                         f"batch_size={config.batch_size}")
+        raise DataError(f"{config.data} has {len(examples)} conversations, fewer than "
+                        f"batch_size={config.batch_size}")
     run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
                     total_steps=config.epochs * steps_per_epoch, job_config=config, seed=config.seed,
                     mesh=config.mesh, checkpoint=config.checkpoint, progress=progress)
     micro_batch_size = config.micro_batch_size or config.batch_size
     fsdp = run.mesh.shape["fsdp"]
     if micro_batch_size % fsdp:
-        raise ValueError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
-                         f"fsdp={fsdp} devices")
+        raise ConfigError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
+                          f"fsdp={fsdp} devices")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat)
     train_step = make_train_step(loss, run.optimizer,
