@@ -15,15 +15,27 @@ Every job joins the run's other processes first when the environment describes s
 (``rstar2_jax.distributed``).
 
 A new job is one function here plus one ``add_parser`` line in ``main``.
+
+Bad input (config, data, model, tokenizer, an output path that cannot be written) stops the job
+with one line ``error: ...`` naming the file and what to change, exit status 2; ``--debug``
+shows the traceback instead. Jobs check their inputs and output paths before any long work.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from pathlib import Path
 
-from rstar2_jax.config import ConfigError, load_config
+from rstar2_jax.config import load_config
 from rstar2_jax.distributed import initialize_from_env, launch, require_single_process
+from rstar2_jax.errors import (
+    ConfigError,
+    ModelError,
+    UserError,
+    require_writable_dir,
+    require_writable_file,
+)
 
 # Jobs that run across processes; the others stop with a message when started as several.
 _MULTI_PROCESS_JOBS = {"sft"}
@@ -40,16 +52,27 @@ def _sft(args: argparse.Namespace) -> int:
     from rstar2_jax.train.configs import SFTConfig
     from rstar2_jax.train.sft import run_sft
 
-    state = run_sft(load_config(SFTConfig, args.config, args.overrides))
+    config = load_config(SFTConfig, args.config, args.overrides)
+    require_writable_dir(config.run_dir, "the run directory")
+    state = run_sft(config)
     print(f"SFT finished at step {int(state.step)}")
     return 0
 
 
 def _rl(args: argparse.Namespace) -> int:
+    from rstar2_jax.chat import get_format
+    from rstar2_jax.data.datasets import load_problems
+    from rstar2_jax.tokenizer import open_tokenizer
     from rstar2_jax.train.configs import RLJobConfig
     from rstar2_jax.train.rl import run_rl
 
-    state = run_rl(load_config(RLJobConfig, args.config, args.overrides))
+    config = load_config(RLJobConfig, args.config, args.overrides)
+    require_writable_dir(config.run_dir, "the run directory")
+    # run_rl starts its sandbox and verifier pools first; check what it reads before that.
+    open_tokenizer(config.model.path, config.model.tokenizer_path, get_format(config.model.chat_format))
+    load_problems(config.stage.dataset)
+    _require_previous_stage(config.stage.init_from)
+    state = run_rl(config)
     print(f"RL finished at step {int(state.step)}")
     return 0
 
@@ -59,6 +82,7 @@ def _eval(args: argparse.Namespace) -> int:
     from rstar2_jax.train.configs import EvalConfig
 
     config = load_config(EvalConfig, args.config, args.overrides)
+    require_writable_file(config.output, "the evaluation output")
     report, records = run_eval(config)
     write_samples(config.output, records)
     print(report.summary())
@@ -71,6 +95,9 @@ def _hard_subset(args: argparse.Namespace) -> int:
     from rstar2_jax.train.configs import RLJobConfig
 
     config = load_config(RLJobConfig, args.config, args.overrides)
+    if config.hard_subset is not None:
+        require_writable_file(config.hard_subset.output, "the hard subset")
+    _require_previous_stage(config.stage.init_from)
     kept, total = run_hard_subset(config)
     print(f"kept {kept} of {total} problems (not solved {config.hard_subset.samples}/"
           f"{config.hard_subset.samples}) in {config.hard_subset.output}")
@@ -80,9 +107,15 @@ def _hard_subset(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from rstar2_jax.train.checkpoint import export_hf
 
-    step = export_hf(args.checkpoints, args.output, step=args.step)
+    step = export_hf(args.checkpoints, args.output, step=args.step, tokenizer=args.tokenizer)
     print(f"exported step {step} of {args.checkpoints} to {args.output}")
     return 0
+
+
+def _require_previous_stage(init_from: str | None) -> None:
+    if init_from is not None and not (Path(init_from) / "checkpoints").is_dir():
+        raise ModelError(f"stage.init_from={init_from} has no checkpoints directory (give the "
+                         f"run_dir of the previous stage)")
 
 
 def _scale_plan(args: argparse.Namespace) -> int:
@@ -105,38 +138,51 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
                         help="config overrides, applied after the file (e.g. optimizer.lr=1e-6)")
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rstar2_jax")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, show the traceback instead of one line")
+    parser = argparse.ArgumentParser(prog="python -m rstar2_jax", parents=[debug])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="the main job: a CPU toy that trains in minutes")
+    demo = sub.add_parser("demo", parents=[debug],
+                          help="the main job: a CPU toy that trains in minutes")
     _add_config_args(demo)
     demo.set_defaults(func=_demo)
 
-    sft = sub.add_parser("sft", help="supervised fine-tuning on chat-formatted JSONL")
+    sft = sub.add_parser("sft", parents=[debug], help="supervised fine-tuning on chat-formatted JSONL")
     _add_config_args(sft)
     sft.set_defaults(func=_sft)
 
-    rl = sub.add_parser("rl", help="one GRPO-RoC stage (rollouts, RoC, updates)")
+    rl = sub.add_parser("rl", parents=[debug], help="one GRPO-RoC stage (rollouts, RoC, updates)")
     _add_config_args(rl)
     rl.set_defaults(func=_rl)
 
-    evaluation = sub.add_parser("eval", help="average pass@1 / pass@k of a policy on a problem set")
+    evaluation = sub.add_parser("eval", parents=[debug],
+                                help="average pass@1 / pass@k of a policy on a problem set")
     _add_config_args(evaluation)
     evaluation.set_defaults(func=_eval)
 
-    hard = sub.add_parser("hard-subset", help="the problems a stage's starting policy does not "
-                                              "solve k/k (its hard_subset section)")
+    hard = sub.add_parser("hard-subset", parents=[debug],
+                          help="the problems a stage's starting policy does not solve k/k (its "
+                               "hard_subset section)")
     _add_config_args(hard)
     hard.set_defaults(func=_hard_subset)
 
-    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model")
+    export = sub.add_parser("export", parents=[debug], help="write a checkpoint as a Hugging Face model")
     export.add_argument("checkpoints", help="a run's checkpoints directory (<run_dir>/checkpoints)")
     export.add_argument("output", help="directory for config.json + model.safetensors")
     export.add_argument("--step", type=int, help="checkpoint step (default: newest readable)")
+    export.add_argument("--tokenizer", help="copy the tokenizer from this directory (default: the "
+                                            "one of the model the run started from)")
     export.set_defaults(func=_export)
 
-    plan = sub.add_parser("scale-plan", help="per-device memory of the RL step at scale, "
-                                             "compiled on fake devices without weights")
+    plan = sub.add_parser("scale-plan", parents=[debug],
+                          help="per-device memory of the RL step at scale, compiled on fake "
+                               "devices without weights")
     _add_config_args(plan)
     plan.set_defaults(func=_scale_plan)
 
@@ -156,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.command not in _MULTI_PROCESS_JOBS:
                 require_single_process(args.command)
         return args.func(args)
-    except (ConfigError, NotImplementedError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (UserError, OSError) as e:
+        # An OSError without a file name is not about the user's input: keep its traceback.
+        if getattr(args, "debug", False) or not (isinstance(e, UserError) or e.filename):
+            raise
+        message = _one_line(e) if isinstance(e, UserError) else \
+            f"cannot access {e.filename}: {e.strerror or _one_line(e)}"
+        print(f"error: {message}", file=sys.stderr)
         return 2

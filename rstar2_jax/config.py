@@ -14,11 +14,11 @@ from typing import Any, Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rstar2_jax.errors import ConfigError
+
+__all__ = ["ConfigError", "config_from_dict", "config_to_dict", "config_to_yaml", "load_config"]
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override that does not fit the schema."""
 
 
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:

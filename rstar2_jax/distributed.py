@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-from rstar2_jax.config import ConfigError
+from rstar2_jax.errors import ConfigError
 
 # Seconds without a heartbeat after which a process counts as dead (JAX's default is 100). A
 # peer that is only busy (compiling, sampling) keeps beating: a background thread sends them.
@@ -68,11 +68,11 @@ def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def require_single_process(job: str) -> None:
-    """Raises for a job that does not run across processes yet."""
+    """Raises ConfigError for a job that does not run across processes yet."""
     import jax
 
     if jax.process_count() > 1:
-        raise NotImplementedError(f"{job} does not run across processes yet (this is process "
+        raise ConfigError(f"{job} does not run across processes yet (this is process "
                                   f"{jax.process_index()} of {jax.process_count()}); run it as one "
                                   f"process")
 

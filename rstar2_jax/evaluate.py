@@ -19,8 +19,10 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
+from rstar2_jax.errors import ConfigError
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
+from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import EvalConfig, RLJobConfig
 
 
@@ -123,26 +125,24 @@ def sample_problems(runtime: RolloutRuntime, model_config, params, tokenizer,
     """`evaluate` with the runtime's sampler for this model, limits and temperature, and its
     verifier; reports pass@1 and pass@`samples`."""
     sampler = runtime.sampler(model_config, tokenizer, limits,
-                              SamplingParams(temperature=temperature))
+                              SamplingParams(temperature=temperature), fmt)
     return evaluate(sampler, params, runtime.verifier, problems, samples=samples, fmt=fmt,
                     ks=sorted({1, samples}), seed=seed)
 
 
 def run_eval(config: EvalConfig) -> tuple[EvalReport, list[SampleRecord]]:
     """`evaluate` with the policy (a Hugging Face directory), data and limits of an `EvalConfig`."""
-    from transformers import AutoTokenizer  # heavy; only the entry points need it
-
     from rstar2_jax.data.datasets import load_problems
     from rstar2_jax.model import load_hf
 
+    fmt = chat.get_format(config.model.chat_format)
+    tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
+    problems = load_problems(config.dataset)[: config.limit]
     model_config, params = load_hf(config.model.path)
     with RolloutRuntime(config.rollout) as runtime:
         return sample_problems(
-            runtime, model_config, params,
-            AutoTokenizer.from_pretrained(config.model.tokenizer_path),
-            load_problems(config.dataset)[: config.limit], samples=config.samples,
-            temperature=config.temperature, limits=config.limits,
-            fmt=chat.get_format(config.model.chat_format), seed=config.seed)
+            runtime, model_config, params, tokenizer, problems, samples=config.samples,
+            temperature=config.temperature, limits=config.limits, fmt=fmt, seed=config.seed)
 
 
 def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
@@ -153,30 +153,25 @@ def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
 
     Returns (problems kept, problems sampled).
     """
-    import tempfile
-
-    from transformers import AutoTokenizer
-
     from rstar2_jax.data.datasets import load_problems, save_problems
     from rstar2_jax.model import load_hf
-    from rstar2_jax.train.checkpoint import export_hf
+    from rstar2_jax.train.checkpoint import restore_params
 
     if config.hard_subset is None:
-        raise ValueError("the config has no hard_subset section (source, output, samples)")
-    with tempfile.TemporaryDirectory() as tmp:
-        policy = config.model.path
-        if config.stage.init_from is not None:
-            export_hf(f"{config.stage.init_from}/checkpoints", tmp)
-            policy = tmp
-        model_config, params = load_hf(policy)
+        raise ConfigError("the config has no hard_subset section (source, output, samples)")
+    fmt = chat.get_format(config.model.chat_format)
+    tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
     problems = load_problems(config.hard_subset.source)
+    if config.stage.init_from is None:
+        model_config, params = load_hf(config.model.path)
+    else:
+        restored = restore_params(f"{config.stage.init_from}/checkpoints")
+        model_config, params = restored.model_config, restored.state.params
     with RolloutRuntime(config.rollout) as runtime:
         _, records = sample_problems(
-            runtime, model_config, params,
-            AutoTokenizer.from_pretrained(config.model.tokenizer_path), problems,
+            runtime, model_config, params, tokenizer, problems,
             samples=config.hard_subset.samples, temperature=config.rl.temperature,
-            limits=config.limits, fmt=chat.get_format(config.model.chat_format),
-            seed=config.seed)
+            limits=config.limits, fmt=fmt, seed=config.seed)
     kept = hard_subset(problems, records)
     save_problems(config.hard_subset.output, kept)
     return len(kept), len(problems)
@@ -192,6 +187,7 @@ def hard_subset(problems: Sequence[Problem], records: Sequence[SampleRecord]) ->
 
 def write_samples(path: str | os.PathLike, records: Sequence[SampleRecord]) -> None:
     """One JSON object per sample."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         for r in records:
             f.write(json.dumps(dataclasses.asdict(r)) + "\n")

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from rstar2_jax.chat import ChatFormat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.model import ModelConfig
 from rstar2_jax.rewards import VerifierPool
@@ -77,15 +78,15 @@ class RolloutRuntime:
         return self._running()[1]
 
     def sampler(self, model_config: ModelConfig, tokenizer, limits: RolloutLimits,
-                sampling: SamplingParams) -> AgentSampler:
-        """The agentic sampler of a model at these limits and sampling settings (tool calls go
-        to this runtime's sandbox)."""
+                sampling: SamplingParams, fmt: ChatFormat = ChatFormat()) -> AgentSampler:
+        """The agentic sampler of a model at these limits, sampling settings and chat format
+        (tool calls go to this runtime's sandbox)."""
         sandbox = self.sandbox
         # The sampler holds the tokenizer, so its id cannot be reused while the entry exists.
-        key = (model_config, id(tokenizer), limits, sampling)
+        key = (model_config, id(tokenizer), limits, sampling, fmt)
         if key not in self._samplers:
             self._samplers[key] = AgentSampler(model_config, tokenizer, sandbox, self.settings,
-                                               limits, sampling)
+                                               limits, sampling, fmt=fmt)
         return self._samplers[key]
 
     def _running(self) -> tuple[SandboxPool, VerifierPool]:

@@ -123,16 +123,17 @@ def test_conversation_text_is_the_plain_chat_rendering(tokenizer):
     assert generated == MESSAGES[1]["content"] + "<|im_end|>" + MESSAGES[3]["content"] + "<|im_end|>"
 
 
-@pytest.mark.parametrize("roles", [
-    ["user"],
-    ["assistant", "user"],
-    ["user", "tool", "assistant"],
-    ["user", "assistant", "tool"],
-    ["user", "assistant", "assistant"],
-    ["system", "user", "assistant"],
+@pytest.mark.parametrize("roles, message", [
+    (["user"], "last message must be the assistant's"),
+    (["assistant", "user"], "role 'assistant' after None"),
+    (["user", "tool", "assistant"], "role 'tool' after 'user'"),
+    (["user", "assistant", "tool"], "last message must be the assistant's"),
+    (["user", "assistant", "assistant"], "role 'assistant' after 'assistant'"),
+    (["user", "system", "assistant"], "role 'system' after 'user'"),
+    (["system", "system", "user", "assistant"], "role 'system' after 'system'"),
 ])
-def test_conversation_rejects_bad_role_order(tokenizer, roles):
-    with pytest.raises(ValueError, match="roles"):
+def test_conversation_rejects_bad_role_order(tokenizer, roles, message):
+    with pytest.raises(ValueError, match=message):
         chat.encode_conversation(tokenizer, [{"role": r, "content": "x"} for r in roles])
 
 

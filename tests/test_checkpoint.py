@@ -1,4 +1,4 @@
-"""Checkpoints: exact round trip, keep-last-K, corruption fallback, Hugging Face export."""
+"""Checkpoints: exact round trip, keep-last-K, corruption fallback (export: test_export.py)."""
 import logging
 from pathlib import Path
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.model import ModelConfig, init_params, load_hf
-from rstar2_jax.train.checkpoint import Checkpointer, export_hf
+from rstar2_jax.model import ModelConfig, init_params
+from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import CheckpointConfig, OptimizerConfig
 from rstar2_jax.train.optim import make_optimizer
 from rstar2_jax.train.step import TrainState, init_train_state
@@ -101,17 +101,3 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, damage):
 
 def test_no_checkpoint_returns_none(tmp_path):
     assert Checkpointer(tmp_path).restore_latest(_state(0, 0)) is None
-
-
-def test_export_hf_round_trips_params(tmp_path):
-    ckpt = Checkpointer(tmp_path / "ckpt")
-    _save(ckpt, seed=3, step=7)
-    _save(ckpt, seed=4, step=8)
-    ckpt.close()
-    assert export_hf(tmp_path / "ckpt", tmp_path / "hf", step=7) == 7
-    config, params = load_hf(tmp_path / "hf")
-    assert config.num_layers == MODEL.num_layers and config.vocab_size == MODEL.vocab_size
-    _assert_same(params, _state(3, 7).params)
-    assert export_hf(tmp_path / "ckpt", tmp_path / "hf_latest") == 8
-    with pytest.raises(ValueError, match="no checkpoint for step 5"):
-        export_hf(tmp_path / "ckpt", tmp_path / "hf5", step=5)

@@ -19,7 +19,8 @@ from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.sft import Conversations, epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft import epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft_data import Conversations
 
 
 def _conversation(i):
@@ -84,8 +85,23 @@ def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
         Conversations(str(d / "sft.jsonl"), tokenizer, fmt, 50)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": _conversation(0)}) + "\n" + '{"messages": [{"role": "user"}]}\n')
-    with pytest.raises(ValueError, match="line 2: not a conversation"):
+    with pytest.raises(ValueError, match="line 2: message 0: content must be a string"):
         Conversations(str(bad), tokenizer, fmt, 256)
+
+
+def test_each_process_checks_its_stripe_and_encodes_the_rest_on_demand(setup, tmp_path):
+    d, tokenizer, _ = setup
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"messages": [{"role": "user"}]}\n'
+                    + "".join(json.dumps({"messages": _conversation(i)}) + "\n" for i in range(1, 4)))
+    with pytest.raises(ValueError, match="line 1: "):
+        Conversations(str(path), tokenizer, TOY_FORMAT, 256, process_index=0, process_count=2)
+    # Process 1 of 2 checks lines 2 and 4; line 1 fails only when a step asks for it.
+    second = Conversations(str(path), tokenizer, TOY_FORMAT, 256, process_index=1, process_count=2)
+    assert len(second) == 4
+    assert second[2] == Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[2]
+    with pytest.raises(ValueError, match="line 1: "):
+        second[0]
 
 
 def test_epoch_order_is_a_seeded_permutation():

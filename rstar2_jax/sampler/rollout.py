@@ -192,11 +192,14 @@ class AgentSampler:
       limits: turns and tokens per trajectory.
       sampling: token selection (the paper trains at temperature 1.0, evaluates at 0.6).
       forward_fn: the cached forward (the model's by default; tests pass a scripted policy).
+      fmt: the chat format: the tool's name and how tool responses are laid out.
     """
 
     def __init__(self, config: ModelConfig, tokenizer, executor, settings: RolloutSettings,
-                 limits: RolloutLimits, sampling: SamplingParams, forward_fn=forward_cached):
+                 limits: RolloutLimits, sampling: SamplingParams, forward_fn=forward_cached,
+                 fmt: chat.ChatFormat = chat.ChatFormat()):
         self.config = config
+        self.fmt = fmt
         self.tokenizer = tokenizer
         self.executor = executor
         self.settings = settings
@@ -296,7 +299,7 @@ class AgentSampler:
         if traj.response_ids[-1] not in self.stop_tokens:
             traj.finish_reason = "budget"
             return True
-        call = chat.parse_tool_call(text)
+        call = chat.parse_tool_call(text, self.fmt.tool_name)
         if call is None:
             traj.finish_reason = "answer" if answers else "no_tool_call"
             return True
@@ -328,7 +331,7 @@ class AgentSampler:
             traj.tool_calls.append(
                 ToolCallRecord(call.code, call.stdin, status, text, turn=traj.num_turns - 1))
             row.future, row.call, row.ready_text = None, None, None
-            tool_ids = chat.encode_tool_response(self.tokenizer, text)
+            tool_ids = chat.encode_tool_response(self.tokenizer, text, self.fmt)
             room = self.limits.max_response_tokens - len(traj.response_ids) - len(tool_ids)
             if room < 1:
                 # The response would not fit: end cleanly on the model's last turn.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rstar2_jax import chat
+from rstar2_jax.errors import ModelError, TokenizerError, require_writable_dir
 from rstar2_jax.model import ModelConfig, param_shapes, save_hf
+from rstar2_jax.model.hf import GENERATION_CONFIG
+from rstar2_jax.tokenizer import check_tokenizer, load_tokenizer, tokenizer_files
 from rstar2_jax.train.configs import CheckpointConfig
 from rstar2_jax.train.step import TrainState
 
@@ -43,8 +48,8 @@ class Restored:
     model_config: ModelConfig
 
 
-class CorruptCheckpointError(RuntimeError):
-    pass
+class CorruptCheckpointError(ModelError):
+    """A checkpoint whose files cannot be read back exactly."""
 
 
 @jax.jit
@@ -173,30 +178,83 @@ class Checkpointer:
         self._manager.close()
 
 
-def export_hf(checkpoint_dir: str | Path, output_dir: str | Path, step: int | None = None) -> int:
-    """Writes the params of a checkpoint (default: the newest readable one) as a Hugging Face
-    checkpoint (config.json + model.safetensors). Returns the exported step."""
+def _open_checkpoints(checkpoint_dir: Path, step: int | None) -> tuple[Checkpointer, int]:
+    """A checkpointer on an existing run's checkpoints (never created here) and the step to
+    read: ``step``, or the newest. Raises ModelError naming the directory."""
+    if not checkpoint_dir.is_dir():
+        raise ModelError(f"checkpoint directory {checkpoint_dir} does not exist (give a run's "
+                         f"<run_dir>/checkpoints)")
     checkpointer = Checkpointer(checkpoint_dir)
+    steps = checkpointer.steps()
+    if not steps or (step is not None and step not in steps):
+        checkpointer.close()
+        wanted = "no checkpoints" if not steps else f"no checkpoint for step {step} (have {steps})"
+        raise ModelError(f"{wanted} in {checkpoint_dir} (give a run's <run_dir>/checkpoints)")
+    return checkpointer, steps[-1] if step is None else step
+
+
+def read_checkpoint_meta(checkpoint_dir: str | Path, step: int | None = None) -> dict:
+    """The JSON metadata of checkpoint ``step`` (default: the newest) of a run's checkpoints."""
+    checkpointer, step = _open_checkpoints(Path(checkpoint_dir), step)
     try:
-        steps = checkpointer.steps()
-        if not steps:
-            raise FileNotFoundError(f"no checkpoints in {checkpoint_dir}")
-        if step is not None and step not in steps:
-            raise ValueError(f"no checkpoint for step {step} in {checkpoint_dir}; have {steps}")
+        return checkpointer.read_meta(step)
+    finally:
+        checkpointer.close()
+
+
+def restore_params(checkpoint_dir: str | Path, step: int | None = None) -> Restored:
+    """The params (no optimizer state) of a run's checkpoint, on one device: step ``step``,
+    default the newest readable one. Raises ModelError naming the directory when it holds no
+    (such, or no readable) checkpoint."""
+    checkpointer, newest = _open_checkpoints(Path(checkpoint_dir), step)
+    try:
         # The model config fixes the param shapes; it is the same in every step of a run.
-        model_config = ModelConfig(**checkpointer.read_meta(step or steps[-1])["model_config"])
+        model_config = ModelConfig(**checkpointer.read_meta(newest)["model_config"])
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         params = jax.tree.map(
             lambda shape: jax.ShapeDtypeStruct(shape, model_config.jnp_dtype, sharding=device),
             param_shapes(model_config), is_leaf=lambda x: isinstance(x, tuple))
         like = TrainState(params, None, jax.ShapeDtypeStruct((), jnp.int32, sharding=device))
-        if step is None:
-            restored = checkpointer.restore_latest(like, params_only=True)
-            if restored is None:
-                raise CorruptCheckpointError(f"no readable checkpoint in {checkpoint_dir}")
-        else:
-            restored = checkpointer.restore(step, like, params_only=True)
-        save_hf(output_dir, restored.model_config, restored.state.params)
-        return int(restored.state.step)
+        if step is not None:
+            return checkpointer.restore(step, like, params_only=True)
+        restored = checkpointer.restore_latest(like, params_only=True)
+        if restored is None:
+            raise CorruptCheckpointError(f"no readable checkpoint in {checkpoint_dir}")
+        return restored
     finally:
         checkpointer.close()
+
+
+def export_hf(checkpoint_dir: str | Path, output_dir: str | Path, step: int | None = None,
+              tokenizer: str | Path | None = None) -> int:
+    """Writes a checkpoint (default: the newest readable one) as a complete Hugging Face model
+    directory: config.json, generation_config.json, model.safetensors, and the tokenizer files
+    (chat template included) of the model the run started from, so that the directory is the
+    ``model.path`` of the next stage with nothing else to set. Returns the exported step.
+
+    The tokenizer comes from the run's ``model.tokenizer`` (else ``model.path``), or from
+    ``tokenizer`` when given; it is checked against the model before anything is written. The
+    generation config is the starting model's when it has one.
+    """
+    output_dir = Path(output_dir)
+    meta = read_checkpoint_meta(checkpoint_dir, step)
+    model_config = ModelConfig(**meta["model_config"])
+    source = meta.get("job_config", {}).get("model", {})
+    tokenizer_dir = tokenizer or source.get("tokenizer") or source.get("path")
+    if tokenizer_dir is None:
+        raise TokenizerError(f"the checkpoints in {checkpoint_dir} do not say which model the run "
+                             f"started from; give the tokenizer's directory (export --tokenizer DIR)")
+    try:
+        check_tokenizer(load_tokenizer(tokenizer_dir), model_config, chat.ChatFormat(), tokenizer_dir)
+    except TokenizerError as e:
+        raise TokenizerError(f"{e} [export copies the tokenizer of the model the run started "
+                             f"from; if it moved, pass --tokenizer DIR]") from None
+    require_writable_dir(output_dir, "the export directory")
+    restored = restore_params(checkpoint_dir, step)
+    save_hf(output_dir, restored.model_config, restored.state.params)
+    files = tokenizer_files(tokenizer_dir)
+    if source.get("path") and (Path(source["path"]) / GENERATION_CONFIG).is_file():
+        files.append(Path(source["path"]) / GENERATION_CONFIG)
+    for file in files:
+        shutil.copyfile(file, output_dir / file.name)
+    return int(restored.state.step)

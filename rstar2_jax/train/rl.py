@@ -34,6 +34,7 @@ from rstar2_jax.distributed import require_single_process
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
+from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import (
     check_algorithm,
@@ -133,9 +134,8 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
     if runtime.settings != config.rollout:
         raise ValueError(f"the runtime's settings {runtime.settings} are not the config's "
                          f"rollout settings {config.rollout}")
-    from transformers import AutoTokenizer  # heavy; only the entry points need it
-
-    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
+    fmt = chat.get_format(config.model.chat_format)
+    tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
     problems = load_problems(config.stage.dataset)
     run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
                     total_steps=config.stage.steps, job_config=config, seed=config.seed,
@@ -144,10 +144,10 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                     reset_optimizer=config.stage.reset_optimizer, progress=progress)
     try:
         loop = RLLoop(
-            config=config, algorithm=algorithm, tokenizer=tokenizer,
-            fmt=chat.get_format(config.model.chat_format), problems=problems, verifier=runtime.verifier,
+            config=config, algorithm=algorithm, tokenizer=tokenizer, fmt=fmt,
+            problems=problems, verifier=runtime.verifier,
             sampler=runtime.sampler(run.model_config, tokenizer, config.limits,
-                                    SamplingParams(temperature=config.rl.temperature)),
+                                    SamplingParams(temperature=config.rl.temperature), fmt),
             update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
                             param_specs=run.param_specs, params=run.state.params,
                             loss=algorithm.loss),

@@ -15,6 +15,7 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, Rollouts, paper_penalty_terms
+from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler import Trajectory
 
 
@@ -93,7 +94,8 @@ def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
 def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int) -> None:
     """Runs the algorithm's three functions on a tiny made-up step (two questions, one with
     mixed rewards; one row of loss tokens) so that a mistake in them, or a selection that
-    cannot work with these sizes, fails before the first rollout. Raises ValueError."""
+    cannot work with these sizes, fails before the first rollout. Raises ConfigError for
+    sizes the selection cannot work with, ValueError for a loss of the wrong form."""
     n = rollouts_per_question
     rewards = np.zeros((2, n), np.float32)
     rewards[1, : n // 2 or 1] = 1.0
@@ -104,7 +106,7 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     try:
         select_rollouts(algorithm, jax.random.key(0), rollouts, group_size)
     except ValueError as e:
-        raise ValueError(f"the algorithm cannot run with rl.rollouts_per_question={n} and "
+        raise ConfigError(f"the algorithm cannot run with rl.rollouts_per_question={n} and "
                          f"rl.group_size={group_size}: {e}") from None
     logp = jnp.full((2, 3), -1.0)
     out = algorithm.loss(logp, logp, jnp.array([1.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]], bool))

@@ -1,9 +1,10 @@
 """Supervised fine-tuning: next-token cross-entropy on the tokens the model should generate.
 
-Data is JSONL, one conversation per line as ``{"messages": [user, assistant, (tool,
-assistant)*]}``, encoded by :func:`rstar2_jax.chat.encode_conversation` exactly as the sampler
-builds trajectories; its loss mask is 1 on assistant tokens only, so prompts and tool outputs
-are attended to but never trained on. Batches are right-padded to ``seq_len``.
+Data is JSONL, one conversation per line in the standard chat layout, encoded by
+:class:`rstar2_jax.train.sft_data.Conversations` (agent trajectories exactly as the sampler
+builds them, general chat with the tokenizer's chat template); the loss mask is 1 on assistant
+tokens only, so prompts and tool outputs are attended to but never trained on. Batches are
+right-padded to ``seq_len``.
 
 Across processes, each process encodes and feeds only its rows of each batch
 (`rstar2_jax.sharding.process_rows`); the batch order depends only on the seed and the step.
@@ -13,7 +14,6 @@ The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mas
 from __future__ import annotations
 
 import functools
-import json
 import time
 from typing import Callable, Sequence
 
@@ -22,55 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
+from rstar2_jax.errors import ConfigError, DataError
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import place_batch, process_rows
+from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
 from rstar2_jax.train.run import start_run
+from rstar2_jax.train.sft_data import Conversations
 from rstar2_jax.train.step import TrainState, make_train_step
-
-
-class Conversations:
-    """The conversations of a JSONL file as (token ids, loss mask), encoded on demand.
-
-    Process ``process_index`` of ``process_count`` encodes lines ``process_index``,
-    ``process_index + process_count``, ... when built, which checks every line of the file
-    once over all processes, and keeps them; any other line is encoded when asked for. So each
-    process encodes about its share of the file, whichever rows its steps feed.
-
-    Raises ValueError naming the line for a malformed row, a conversation longer than
-    ``seq_len`` (truncating would silently train on a cut-off answer) or one with no
-    assistant token.
-    """
-
-    def __init__(self, path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int, *,
-                 process_index: int = 0, process_count: int = 1):
-        self.path, self._tokenizer, self._fmt, self._seq_len = path, tokenizer, fmt, seq_len
-        with open(path) as f:
-            self._lines = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
-        if not self._lines:
-            raise ValueError(f"{path} holds no conversation")
-        self._own = {i: self._encode(i) for i in range(process_index, len(self), process_count)}
-
-    def __len__(self) -> int:
-        return len(self._lines)
-
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        return self._own[i] if i in self._own else self._encode(i)
-
-    def _encode(self, i: int) -> tuple[list[int], list[int]]:
-        line_number, line = self._lines[i]
-        where = f"{self.path}, line {line_number}"
-        try:
-            messages = json.loads(line)["messages"]
-            ids, mask = chat.encode_conversation(self._tokenizer, messages, self._fmt)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{where}: not a conversation ({e})") from None
-        if len(ids) > self._seq_len:
-            raise ValueError(f"{where}: {len(ids)} tokens, more than seq_len={self._seq_len}")
-        if not any(mask):
-            raise ValueError(f"{where}: no assistant token to train on")
-        return ids, mask
 
 
 def pad_batch(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> dict:
@@ -112,24 +72,22 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     ``on_step(step, metrics)`` is called after each step is logged (and checkpointed if due).
     Returns the final train state.
     """
-    from transformers import AutoTokenizer  # heavy; only SFT needs it
-
-    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path)
-    examples = Conversations(config.data, tokenizer, chat.get_format(config.model.chat_format),
-                             config.seq_len, process_index=jax.process_index(),
-                             process_count=jax.process_count())
+    fmt = chat.get_format(config.model.chat_format)
+    tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
+    examples = Conversations(config.data, tokenizer, fmt, config.seq_len,
+                             process_index=jax.process_index(), process_count=jax.process_count())
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"{config.data} has {len(examples)} conversations, fewer than "
-                         f"batch_size={config.batch_size}")
+        raise DataError(f"{config.data} has {len(examples)} conversations, fewer than "
+                        f"batch_size={config.batch_size}")
     run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
                     total_steps=config.epochs * steps_per_epoch, job_config=config, seed=config.seed,
                     mesh=config.mesh, checkpoint=config.checkpoint, progress=progress)
     micro_batch_size = config.micro_batch_size or config.batch_size
     fsdp = run.mesh.shape["fsdp"]
     if micro_batch_size % fsdp:
-        raise ValueError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
-                         f"fsdp={fsdp} devices")
+        raise ConfigError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
+                          f"fsdp={fsdp} devices")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat)
     train_step = make_train_step(loss, run.optimizer,
