@@ -3,7 +3,6 @@
 Each process is a fresh interpreter started the way a cluster launcher starts one (the
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables), running the CLI.
 """
-import json
 import os
 import signal
 import subprocess
@@ -14,43 +13,24 @@ import jax
 import numpy as np
 import pytest
 
-from rstar2_jax import chat
 from rstar2_jax.cli import main
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.distributed import free_port, initialize_from_env
-from rstar2_jax.model import ModelConfig, init_params, save_hf
-from rstar2_jax.toy import TOY_FORMAT
-from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.sft import run_sft
+from sft_setup import write_sft_setup
 
 # The CLI, with the toy chat format registered (a fresh `python -m rstar2_jax` does not know it).
 _CLI = "import sys, rstar2_jax.toy; from rstar2_jax.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def _conversation(i):
-    return [{"role": "user", "content": f"What is {i} plus {i + 1}?"},
-            {"role": "assistant", "content": chat.format_tool_call(f"print({i} + {i + 1})")},
-            {"role": "tool", "content": str(2 * i + 1)},
-            {"role": "assistant", "content": f"</reason><answer>\\boxed{{{2 * i + 1}}}</answer>"}]
 
 
 @pytest.fixture(scope="module")
 def sft_setup(tmp_path_factory):
     """A tiny random Qwen3 with the toy tokenizer and 8 tool-using conversations."""
     d = tmp_path_factory.mktemp("multiprocess")
-    conversations = [_conversation(i) for i in range(8)]
-    (d / "sft.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
-    corpus = [TOY_FORMAT.prompt_text(c[0]["content"]) for c in conversations]
-    corpus += [m["content"] for c in conversations for m in c[1:]]
-    tokenizer = build_tokenizer(corpus, vocab_size=300)
-    config = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=32,
-                         intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                         head_dim=8, qk_norm=True)
-    save_hf(d / "model", config, init_params(config, jax.random.key(0)))
-    tokenizer.save_pretrained(d / "model")
+    write_sft_setup(d)
     return d
 
 
