@@ -9,6 +9,10 @@ dataclass (``rstar2_jax.train.configs``); a bad key or value stops with a messag
     python -m rstar2_jax hard-subset --config experiments/paper/stage3.yaml
     python -m rstar2_jax export runs/sft/checkpoints out/hf [--step 300]
     python -m rstar2_jax scale-plan model=qwen3-14b devices=64 tp=1
+    python -m rstar2_jax launch --processes 2 sft --config ...   # N processes of one run
+
+Every job joins the run's other processes first when the environment describes several
+(``rstar2_jax.distributed``).
 
 A new job is one function here plus one ``add_parser`` line in ``main``.
 
@@ -24,7 +28,17 @@ import sys
 from pathlib import Path
 
 from rstar2_jax.config import load_config
-from rstar2_jax.errors import ModelError, UserError, require_writable_dir, require_writable_file
+from rstar2_jax.distributed import initialize_from_env, launch, require_single_process
+from rstar2_jax.errors import (
+    ConfigError,
+    ModelError,
+    UserError,
+    require_writable_dir,
+    require_writable_file,
+)
+
+# Jobs that run across processes; the others stop with a message when started as several.
+_MULTI_PROCESS_JOBS = {"sft"}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -112,6 +126,12 @@ def _scale_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    if not args.job:
+        raise ConfigError("launch needs a job to run, e.g. `launch --processes 2 sft --config c.yaml`")
+    return launch(args.processes, args.job, port=args.port)
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with the job's config")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
@@ -166,11 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(plan)
     plan.set_defaults(func=_scale_plan)
 
+    launcher = sub.add_parser("launch", help="run a job as N processes of one run on this machine")
+    launcher.add_argument("--processes", type=int, required=True, help="number of processes")
+    launcher.add_argument("--port", type=int, help="coordinator port (default: a free one)")
+    launcher.add_argument("job", nargs=argparse.REMAINDER, help="the job and its arguments")
+    launcher.set_defaults(func=_launch)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # orbax logs every checkpoint step through absl at INFO; keep the progress bars readable.
     logging.getLogger("absl").setLevel(logging.WARNING)
     try:
+        if args.func is not _launch:
+            initialize_from_env()
+            if args.command not in _MULTI_PROCESS_JOBS:
+                require_single_process(args.command)
         return args.func(args)
     except (UserError, OSError) as e:
         # An OSError without a file name is not about the user's input: keep its traceback.

@@ -91,23 +91,47 @@ def batch_spec() -> P:
     return P(FSDP)
 
 
+def _process_fsdp_positions(mesh: Mesh) -> list[int]:
+    """The fsdp positions that have a device of this process."""
+    me = jax.process_index()
+    by_fsdp = np.moveaxis(mesh.devices, mesh.axis_names.index(FSDP), 0)
+    by_fsdp = by_fsdp.reshape(mesh.shape[FSDP], -1)
+    return [i for i, devices in enumerate(by_fsdp) if any(d.process_index == me for d in devices)]
+
+
+def process_rows(num_rows: int, mesh: Mesh) -> slice:
+    """The rows of a global batch of `num_rows` that this process holds, and so feeds to
+    `place_batch`: the blocks of the fsdp positions its devices have (with `make_mesh`'s
+    host-major order, block `jax.process_index()` of `jax.process_count()`).
+
+    Raises ValueError if `num_rows` does not split over fsdp or this process's positions are
+    not contiguous (a mesh that interleaves processes on the fsdp axis).
+    """
+    fsdp = mesh.shape[FSDP]
+    if num_rows % fsdp:
+        raise ValueError(f"{num_rows} rows do not split over fsdp={fsdp}")
+    positions = _process_fsdp_positions(mesh)
+    if positions != list(range(positions[0], positions[-1] + 1)):
+        raise ValueError(f"process {jax.process_index()} holds fsdp positions {positions}, which "
+                         f"are not contiguous; order the mesh's devices host-major (make_mesh does)")
+    per_position = num_rows // fsdp
+    return slice(positions[0] * per_position, (positions[-1] + 1) * per_position)
+
+
 def place_batch(local_rows: dict, mesh: Mesh) -> dict:
     """This process's rows (host arrays [rows, ...]) -> global arrays with rows split over fsdp.
 
-    Each process passes only its own rows, the same number on every process; the global batch
-    is all processes' rows stacked in the order of their devices on the fsdp axis (process
-    order for `make_mesh`), see docs/scale_plan.md. On one process the rows are the whole batch.
+    Each process passes only its own rows, the same number on every process (`process_rows`
+    says which of a global batch); the global batch is all processes' rows stacked in the order
+    of their devices on the fsdp axis (process order for `make_mesh`), see docs/scale_plan.md.
+    On one process the rows are the whole batch.
     """
     sharding = NamedSharding(mesh, batch_spec())
-    me = jax.process_index()
-    # fsdp positions with a device of this process: each takes an equal block of the local rows.
-    by_fsdp = np.moveaxis(mesh.devices, mesh.axis_names.index(FSDP), 0)
-    by_fsdp = by_fsdp.reshape(mesh.shape[FSDP], -1)
-    shards = sum(any(d.process_index == me for d in devices) for devices in by_fsdp)
+    shards = len(_process_fsdp_positions(mesh))
     for name, x in local_rows.items():
         if x.shape[0] % shards:
             raise ValueError(f"batch field {name!r} has {x.shape[0]} rows, which do not split over "
-                             f"the {shards} fsdp shards of process {me}")
+                             f"the {shards} fsdp shards of process {jax.process_index()}")
     return jax.make_array_from_process_local_data(sharding, local_rows)
 
 

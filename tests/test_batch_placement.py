@@ -36,3 +36,10 @@ def test_rows_that_do_not_split_over_fsdp_are_rejected():
         sharding.place_batch(_batch(12), sharding.make_mesh(fsdp=8))
     with pytest.raises(ValueError, match=r"has 6 rows, which do not split over the 4 fsdp"):
         sharding.place_batch(_batch(6), sharding.make_mesh(fsdp=4, tp=2))
+
+
+def test_one_process_holds_every_row_of_a_global_batch():
+    # Across processes `tests/test_multiprocess.py` checks the blocks; here there is one block.
+    assert sharding.process_rows(16, sharding.make_mesh(fsdp=4, tp=2)) == slice(0, 16)
+    with pytest.raises(ValueError, match=r"12 rows do not split over fsdp=8"):
+        sharding.process_rows(12, sharding.make_mesh(fsdp=8))

@@ -9,7 +9,7 @@ import pytest
 from helpers_qwen_tokenizer import qwen3_style_tokenizer
 from rstar2_jax import chat
 from rstar2_jax.errors import DataError
-from rstar2_jax.train.sft_data import encode_examples, encode_row
+from rstar2_jax.train.sft_data import Conversations, encode_row
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city.",
@@ -135,7 +135,7 @@ def test_jsonl_file_of_every_kind(qwen3, tmp_path):
     path = tmp_path / "sft.jsonl"
     rows = [{"messages": CHAT}, {"messages": FUNCTION_CALL, "tools": [WEATHER_TOOL]}, {"messages": AGENT}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    examples = encode_examples(str(path), qwen3, chat.ChatFormat(), seq_len=4096)
+    examples = Conversations(str(path), qwen3, chat.ChatFormat(), seq_len=4096)
     assert [e for e in examples] == [encode_row(qwen3, r["messages"], chat.ChatFormat(), r.get("tools"))[1]
                                      for r in rows]
 
@@ -153,12 +153,12 @@ def test_bad_rows_name_the_line(qwen3, tmp_path, row, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(DataError, match=message):
-        encode_examples(str(path), qwen3, chat.ChatFormat(), seq_len=4096)
+        Conversations(str(path), qwen3, chat.ChatFormat(), seq_len=4096)
 
 
 def test_missing_and_empty_files_are_named(qwen3, tmp_path):
     with pytest.raises(DataError, match=f"cannot read the SFT data {tmp_path / 'nope.jsonl'}"):
-        encode_examples(str(tmp_path / "nope.jsonl"), qwen3, chat.ChatFormat(), seq_len=64)
+        Conversations(str(tmp_path / "nope.jsonl"), qwen3, chat.ChatFormat(), seq_len=64)
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="holds no conversation"):
-        encode_examples(str(tmp_path / "empty.jsonl"), qwen3, chat.ChatFormat(), seq_len=64)
+        Conversations(str(tmp_path / "empty.jsonl"), qwen3, chat.ChatFormat(), seq_len=64)

@@ -11,42 +11,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax import chat
 from rstar2_jax.config import load_config
-from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.model import init_params
 from rstar2_jax.toy import TOY_FORMAT
-from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.sft import epoch_order, pad_batch, run_sft, sft_loss
-from rstar2_jax.train.sft_data import encode_examples
-
-
-def _conversation(i):
-    return [{"role": "user", "content": f"What is {i} plus {i + 1}?"},
-            {"role": "assistant", "content": chat.format_tool_call(f"print({i} + {i + 1})")},
-            {"role": "tool", "content": str(2 * i + 1)},
-            {"role": "assistant", "content": f"</reason><answer>\\boxed{{{2 * i + 1}}}</answer>"}]
+from rstar2_jax.train.sft_data import Conversations
+from sft_setup import conversation, write_sft_setup
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny random Qwen3 + toy tokenizer checkpoint and 8 tool-using conversations."""
     d = tmp_path_factory.mktemp("sft")
-    conversations = [_conversation(i) for i in range(8)]
-    with open(d / "sft.jsonl", "w") as f:
-        for c in conversations:
-            f.write(json.dumps({"messages": c}) + "\n")
-    fmt = TOY_FORMAT
-    corpus = [fmt.prompt_text(c[0]["content"]) for c in conversations]
-    corpus += [m["content"] for c in conversations for m in c[1:]]
-    tokenizer = build_tokenizer(corpus, vocab_size=300)
-    config = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=32,
-                         intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                         head_dim=8, qk_norm=True)
-    save_hf(d / "model", config, init_params(config, jax.random.key(0)))
-    tokenizer.save_pretrained(d / "model")
+    tokenizer, config = write_sft_setup(d)
     return d, tokenizer, config
 
 
@@ -59,7 +39,7 @@ def _config(d, run):
 
 def test_loss_counts_only_assistant_tokens(setup):
     d, tokenizer, config = setup
-    (ids, mask), = encode_examples(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[:1]
+    ids, mask = Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[0]
     assert 0 < sum(mask) < len(ids)
     batch = {k: jnp.asarray(v) for k, v in pad_batch([(ids, mask)], 256, pad_id=0).items()}
     params = init_params(config, jax.random.key(1))
@@ -82,11 +62,26 @@ def test_bad_data_is_rejected_with_the_line(setup, tmp_path):
     d, tokenizer, _ = setup
     fmt = TOY_FORMAT
     with pytest.raises(ValueError, match="line 1: .* more than seq_len=50"):
-        encode_examples(str(d / "sft.jsonl"), tokenizer, fmt, 50)
+        Conversations(str(d / "sft.jsonl"), tokenizer, fmt, 50)
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"messages": _conversation(0)}) + "\n" + '{"messages": [{"role": "user"}]}\n')
+    bad.write_text(json.dumps({"messages": conversation(0)}) + "\n" + '{"messages": [{"role": "user"}]}\n')
     with pytest.raises(ValueError, match="line 2: message 0: content must be a string"):
-        encode_examples(str(bad), tokenizer, fmt, 256)
+        Conversations(str(bad), tokenizer, fmt, 256)
+
+
+def test_each_process_checks_its_stripe_and_encodes_the_rest_on_demand(setup, tmp_path):
+    d, tokenizer, _ = setup
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"messages": [{"role": "user"}]}\n'
+                    + "".join(json.dumps({"messages": conversation(i)}) + "\n" for i in range(1, 4)))
+    with pytest.raises(ValueError, match="line 1: "):
+        Conversations(str(path), tokenizer, TOY_FORMAT, 256, process_index=0, process_count=2)
+    # Process 1 of 2 checks lines 2 and 4; line 1 fails only when a step asks for it.
+    second = Conversations(str(path), tokenizer, TOY_FORMAT, 256, process_index=1, process_count=2)
+    assert len(second) == 4
+    assert second[2] == Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[2]
+    with pytest.raises(ValueError, match="line 1: "):
+        second[0]
 
 
 def test_epoch_order_is_a_seeded_permutation():

@@ -143,7 +143,7 @@ def load_hf(path, dtype=jnp.float32) -> tuple[ModelConfig, dict]:
     _check_shapes(path, files, target, expected)
     host_dtype = np.dtype(config.jnp_dtype)
     buffers: dict[str, np.ndarray] = {}
-    cpu = jax.devices("cpu")[0]
+    cpu = jax.local_devices(backend="cpu")[0]  # this process's (process 0 owns devices()[0])
     for file in sorted(set(files.values())):
         names = [name for name, f in files.items() if f == file and name in target]
         # The "flax" reader understands bfloat16, which numpy's does not; it must not put the

@@ -30,6 +30,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
+from rstar2_jax.distributed import require_single_process
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
@@ -118,6 +119,7 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
     after each step is logged. Returns the final state.
     """
+    require_single_process("RL")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
     check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size)

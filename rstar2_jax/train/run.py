@@ -50,7 +50,7 @@ class Run:
     start_step: int
     end_step: int
     checkpointer: Checkpointer
-    logger: MetricsLogger
+    logger: MetricsLogger | None  # process 0's; the others write nothing
     job_config: dict
 
     @property
@@ -59,10 +59,12 @@ class Run:
 
     def finish_step(self, state: TrainState, metrics: dict[str, float], *, rng: jax.Array,
                     data_position: Any) -> None:
-        """Records the step just done: metrics, then a checkpoint if due or at the last step."""
+        """Records the step just done: metrics (process 0 writes them), then a checkpoint (every
+        process writes its shards) if due or at the last step."""
         self.state, self.rng, self.data_position = state, rng, data_position
         step = int(state.step)
-        self.logger.log(step, metrics)
+        if self.logger is not None:
+            self.logger.log(step, metrics)
         if self.checkpointer.due(step) or step == self.end_step:
             self.checkpointer.save(state, rng=rng, model_config=self.model_config,
                                    job_config=self.job_config,
@@ -71,7 +73,8 @@ class Run:
     def close(self) -> None:
         self.checkpointer.wait()
         self.checkpointer.close()
-        self.logger.close()
+        if self.logger is not None:
+            self.logger.close()
 
 
 def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerConfig,
@@ -118,8 +121,10 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
         start_step = int(state.step)
         log.info("starting from %s at step %d%s", init_from, start_step,
                  " with a fresh optimizer" if reset_optimizer else "")
-    logger = MetricsLogger(run_dir, start_step=int(state.step), total_steps=start_step + total_steps,
-                           progress=progress)
+    logger = None
+    if jax.process_index() == 0:
+        logger = MetricsLogger(run_dir, start_step=int(state.step),
+                               total_steps=start_step + total_steps, progress=progress)
     return Run(run_dir, mesh_, model_config, specs, opt, state, rng, data_position, start_step,
                start_step + total_steps, checkpointer, logger, job_dict)
 

@@ -1,10 +1,13 @@
 """Supervised fine-tuning: next-token cross-entropy on the tokens the model should generate.
 
 Data is JSONL, one conversation per line in the standard chat layout, encoded by
-:func:`rstar2_jax.train.sft_data.encode_examples` (agent trajectories exactly as the sampler
+:class:`rstar2_jax.train.sft_data.Conversations` (agent trajectories exactly as the sampler
 builds them, general chat with the tokenizer's chat template); the loss mask is 1 on assistant
 tokens only, so prompts and tool outputs are attended to but never trained on. Batches are
 right-padded to ``seq_len``.
+
+Across processes, each process encodes and feeds only its rows of each batch
+(`rstar2_jax.sharding.process_rows`); the batch order depends only on the seed and the step.
 
 The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions.
 """
@@ -21,12 +24,12 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.errors import ConfigError, DataError
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import place_batch
+from rstar2_jax.sharding import place_batch, process_rows
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
 from rstar2_jax.train.run import start_run
-from rstar2_jax.train.sft_data import encode_examples
+from rstar2_jax.train.sft_data import Conversations
 from rstar2_jax.train.step import TrainState, make_train_step
 
 
@@ -71,7 +74,8 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     """
     fmt = chat.get_format(config.model.chat_format)
     tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
-    examples = encode_examples(config.data, tokenizer, fmt, config.seq_len)
+    examples = Conversations(config.data, tokenizer, fmt, config.seq_len,
+                             process_index=jax.process_index(), process_count=jax.process_count())
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
         raise DataError(f"{config.data} has {len(examples)} conversations, fewer than "
@@ -89,16 +93,18 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     train_step = make_train_step(loss, run.optimizer,
                                  micro_batches=config.batch_size // micro_batch_size,
                                  mesh=run.mesh, param_specs=run.param_specs, params=run.state.params)
+    mine = process_rows(config.batch_size, run.mesh)  # of each global batch
+    count_tokens = jax.jit(jnp.sum)
     timer = PhaseTimer()
     try:
         for step in range(run.step, run.end_step):
             epoch, index = divmod(step, steps_per_epoch)
             with timer("data"):
                 order = epoch_order(len(examples), config.seed, epoch)
-                rows = order[index * config.batch_size:(index + 1) * config.batch_size]
-                batch = pad_batch([examples[i] for i in rows], config.seq_len, pad_id)
-                real_tokens = int(batch["attention_mask"].sum())
-                batch = place_batch(batch, run.mesh)
+                rows = order[index * config.batch_size:(index + 1) * config.batch_size][mine]
+                batch = place_batch(pad_batch([examples[i] for i in rows], config.seq_len, pad_id),
+                                    run.mesh)
+                real_tokens = int(count_tokens(batch["attention_mask"]))  # of all processes
             start = time.perf_counter()
             with timer("update"):
                 state, metrics = train_step(run.state, batch)

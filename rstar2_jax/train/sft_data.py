@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import secrets
+from typing import Iterator
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import jsonl_rows
@@ -34,34 +35,59 @@ log = logging.getLogger(__name__)
 _ASSISTANT_HEADER = f"{chat.IM_START}assistant\n"
 
 
-def encode_examples(path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) of every conversation in the JSONL file at ``path``.
+class Conversations:
+    """The conversations of a JSONL file as ``(token ids, loss mask)``, encoded on demand.
+
+    Process ``process_index`` of ``process_count`` encodes rows ``process_index``,
+    ``process_index + process_count``, ... when built, which checks every row of the file once
+    over all processes, and keeps them; any other row is encoded when asked for. So each
+    process of a multi-process run encodes about its share of the file, whichever rows its
+    steps feed; one process encodes everything up front.
 
     Raises DataError naming the file and line for a missing file, a malformed row, a
     conversation longer than ``seq_len`` (truncating would silently train on a cut-off answer)
     or one with no assistant token.
     """
-    examples, kinds = [], collections.Counter()
-    for line_number, row in jsonl_rows(path, "the SFT data"):
-        where = f"{path}, line {line_number}"
+
+    def __init__(self, path: str, tokenizer, fmt: chat.ChatFormat, seq_len: int, *,
+                 process_index: int = 0, process_count: int = 1):
+        self.path, self._tokenizer, self._fmt, self._seq_len = path, tokenizer, fmt, seq_len
+        self._rows = list(jsonl_rows(path, "the SFT data"))
+        if not self._rows:
+            raise DataError(f"{path} holds no conversation")
+        kinds = collections.Counter()
+        self._own = {}
+        for i in range(process_index, len(self), process_count):
+            kind, self._own[i] = self._encode(i)
+            kinds[kind] += 1
+        log.info("%s: %d agent trajectories in the %s layout, %d general-chat conversations "
+                 "rendered with the tokenizer's chat template%s", path, kinds["agent"],
+                 "chat format's", kinds["chat"],
+                 f" (this process's share, 1 in {process_count})" if process_count > 1 else "")
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self._own[i] if i in self._own else self._encode(i)[1]
+
+    def __iter__(self) -> Iterator[tuple[list[int], list[int]]]:
+        return (self[i] for i in range(len(self)))
+
+    def _encode(self, i: int) -> tuple[str, tuple[list[int], list[int]]]:
+        line_number, row = self._rows[i]
+        where = f"{self.path}, line {line_number}"
         if not isinstance(row, dict) or "messages" not in row:
             raise DataError(f'{where}: expected an object {{"messages": [...]}}')
         try:
-            kind, (ids, mask) = encode_row(tokenizer, row["messages"], fmt, row.get("tools"))
+            kind, (ids, mask) = encode_row(self._tokenizer, row["messages"], self._fmt, row.get("tools"))
         except ValueError as e:
             raise DataError(f"{where}: {e}") from None
-        if len(ids) > seq_len:
-            raise DataError(f"{where}: {len(ids)} tokens, more than seq_len={seq_len}")
+        if len(ids) > self._seq_len:
+            raise DataError(f"{where}: {len(ids)} tokens, more than seq_len={self._seq_len}")
         if not any(mask):
             raise DataError(f"{where}: no assistant token to train on")
-        examples.append((ids, mask))
-        kinds[kind] += 1
-    if not examples:
-        raise DataError(f"{path} holds no conversation")
-    log.info("%s: %d agent trajectories in the %s layout, %d general-chat conversations rendered "
-             "with the tokenizer's chat template", path, kinds["agent"], "chat format's",
-             kinds["chat"])
-    return examples
+        return kind, (ids, mask)
 
 
 def encode_row(tokenizer, messages, fmt: chat.ChatFormat, tools=None) -> tuple[str, tuple[list[int], list[int]]]:

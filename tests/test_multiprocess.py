@@ -1,0 +1,141 @@
+"""Two JAX processes of 2 CPU devices each as one run, against one process of 4 devices.
+
+Each process is a fresh interpreter started the way a cluster launcher starts one (the
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables), running the CLI.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from rstar2_jax.cli import main
+from rstar2_jax.config import ConfigError, load_config
+from rstar2_jax.distributed import free_port, initialize_from_env
+from rstar2_jax.train.checkpoint import Checkpointer
+from rstar2_jax.train.configs import SFTConfig
+from rstar2_jax.train.metrics import read_metrics
+from rstar2_jax.train.sft import run_sft
+from sft_setup import write_sft_setup
+
+# The CLI, with the toy chat format registered (a fresh `python -m rstar2_jax` does not know it).
+_CLI = "import sys, rstar2_jax.toy; from rstar2_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.fixture(scope="module")
+def sft_setup(tmp_path_factory):
+    """A tiny random Qwen3 with the toy tokenizer and 8 tool-using conversations."""
+    d = tmp_path_factory.mktemp("multiprocess")
+    write_sft_setup(d)
+    return d
+
+
+def _sft_args(d, run, epochs=3):
+    # 8 conversations / batch 4: 2 steps per epoch. fsdp over the processes, tp within each.
+    return ["sft", f"model.path={d}/model", "model.chat_format=toy", f"data={d}/sft.jsonl",
+            f"run_dir={d}/{run}", "seq_len=256", "batch_size=4", "micro_batch_size=2",
+            f"epochs={epochs}", "optimizer.lr=1e-2", "optimizer.warmup_steps=1", "mesh.fsdp=2",
+            "mesh.tp=2", "checkpoint.every=2"]
+
+
+def _start(args, processes=2, devices=2):
+    """`processes` CLI processes of one run, each with `devices` CPU devices."""
+    address = f"127.0.0.1:{free_port()}"
+    children = []
+    for index in range(processes):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                   JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=address,
+                   JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(index))
+        children.append(subprocess.Popen([sys.executable, "-c", _CLI, *args], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return children
+
+
+def _finish(children, timeout=600):
+    outs = [c.communicate(timeout=timeout) for c in children]
+    return [(c.returncode, err) for c, (_, err) in zip(children, outs)]
+
+
+def _wait_for(predicate, children, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if any(c.poll() is not None for c in children):
+            raise AssertionError(f"a process ended early: {_finish(children)}")
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in records]
+
+
+def test_two_processes_survive_a_crash_and_match_one_process(sft_setup):
+    d = sft_setup
+    # The reference: one process, 4 of this test process's devices, the same mesh shape.
+    reference = run_sft(load_config(SFTConfig, overrides=_sft_args(d, "one")[1:]), progress=False)
+
+    # Process 1 dies after the step-4 checkpoint: process 0 stops too, with a message, soon.
+    children = _start(_sft_args(d, "two"))
+    _wait_for(lambda: (d / "two" / "checkpoints" / "4").is_dir(), children)
+    children[1].send_signal(signal.SIGKILL)
+    start = time.monotonic()
+    _, err = children[0].communicate(timeout=120)
+    elapsed = time.monotonic() - start
+    _finish(children[1:])
+    assert children[0].returncode != 0
+    assert "another task died" in err, err[-3000:]
+    assert elapsed < 60, elapsed
+    assert max(r["step"] for r in read_metrics(d / "two")) >= 4
+
+    # Started again, the run resumes from step 4 and finishes.
+    results = _finish(_start(_sft_args(d, "two")))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+
+    # Written once (by process 0), one record per step, the same values as one process's.
+    one, two = read_metrics(d / "one"), read_metrics(d / "two")
+    assert [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(_comparable(one), _comparable(two), strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    checkpoints = Checkpointer(d / "two" / "checkpoints")
+    restored = checkpoints.restore(6, reference)
+    checkpoints.close()
+    for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(restored.state.params),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=0)
+
+
+def test_launcher_runs_n_processes_and_stops_them_on_failure(capfd):
+    # RL does not run across processes yet: both processes join the run, then stop with a
+    # message, and the launcher reports the failure.
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        rc = main(["launch", "--processes", "2", "rl"])
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert rc == 2
+    err = capfd.readouterr().err
+    assert "rl does not run across processes yet" in err and "launch: process" in err
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"JAX_NUM_PROCESSES": "2"}, "JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID not set"),
+    ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2", "JAX_COORDINATOR_ADDRESS": "h:1"},
+     r"JAX_PROCESS_ID=2 is not in 0 \.\. 1"),
+    ({"JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0", "JAX_COORDINATOR_ADDRESS": "h:1"},
+     "must be integers"),
+])
+def test_bad_environment_is_rejected(environ, message):
+    with pytest.raises(ConfigError, match=message):
+        initialize_from_env(environ)
+
+
+def test_one_process_without_the_environment():
+    assert initialize_from_env({}) is False
+    assert initialize_from_env({"SLURM_NTASKS": "1"}) is False
