@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.set_defaults(func=_scale_plan)
 
     args = parser.parse_args(argv)
+    import rstar2_jax.toy.format  # noqa: F401  registers model.chat_format=toy, for the toy's models
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # orbax logs every checkpoint step through absl at INFO; keep the progress bars readable.
     logging.getLogger("absl").setLevel(logging.WARNING)
