@@ -4,10 +4,12 @@ The pool is created after JAX has run in this process, as in the trainer: its wo
 spawned, never forked from a multithreaded JAX process.
 """
 
+import concurrent.futures
 import json
 import os
 import pathlib
 import signal
+import sys
 import time
 
 import jax.numpy as jnp
@@ -17,8 +19,11 @@ import pytest
 from rstar2_jax.rewards import VerifierPool, score
 
 TIMEOUT_S = 2.0
-# math-verify issue #65: sympy evaluates 5^(5^3125) in C and no in-process timeout stops it.
-HANGING = ("<answer>\\boxed{5^{5^{5^{5}}}}</answer>", "5")
+# sympy expands a degree-300 polynomial in four variables (millions of terms) when comparing;
+# nothing in-process stops it, and no size guard refuses it (huge numbers such as math-verify
+# issue #65's 5^{5^{5^{5}}} are now refused before sympy sees them).
+HANGING = ("<answer>\\boxed{(x+y+z+w)^{300}}</answer>", "x+5")
+REWARD_MODULES = ("extract.py", "verify.py", "normalize.py", "exact.py")
 CORPUS_PATH = pathlib.Path(__file__).parent / "data" / "verifier_corpus.jsonl"
 CORPUS = [json.loads(line) for line in CORPUS_PATH.read_text().splitlines()]
 
@@ -72,7 +77,11 @@ def test_grpo_group_costs_one_verification_per_distinct_answer(pool):
     gold = "\\frac{7}{3}"
     answers = ["\\frac{14}{6}", "2.33", "7/3", "\\frac{14}{6}"] * 4  # 16 rollouts, 3 distinct
     before = pool.stats()
-    futures = [pool.submit(f"<answer>\\boxed{{{answer}}}</answer>", gold) for answer in answers]
+    # Every response has its own reasoning: the cache is keyed on the boxes, not the text.
+    futures = [
+        pool.submit(f"<reason>attempt {i}</reason><answer>\\boxed{{{answer}}}</answer>", gold)
+        for i, answer in enumerate(answers)
+    ]
     assert [future.result() for future in futures] == [1.0, 0.0, 1.0, 1.0] * 4
     after = pool.stats()
     assert after.calls - before.calls == 16
@@ -80,11 +89,60 @@ def test_grpo_group_costs_one_verification_per_distinct_answer(pool):
     assert after.cache_hits - before.cache_hits == 13
 
 
-def test_response_without_boxed_answer_scores_zero_without_a_worker(pool):
+def test_several_boxes_share_one_verification(pool):
+    gold = "(31, 3), (97, 1)"  # values no other test scores, so nothing is cached yet
+    responses = [
+        "<answer>\\boxed{(31, 3)} and \\boxed{(97, 1)}</answer>",
+        "<answer>so \\boxed{(31, 3)}, \\boxed{(97, 1)}</answer>",  # the same boxes
+        "<answer>\\boxed{(97, 1)} and \\boxed{(31, 3)}</answer>",  # another order: verified
+        "<answer>\\boxed{(31, 3)}</answer>",
+    ]
+    before = pool.stats()
+    assert pool.score_batch([(text, gold) for text in responses]) == [1.0, 1.0, 1.0, 0.0]
+    assert pool.stats().verified - before.verified == 3
+    # Hedging between candidates for a single value scores 0 through the pool too.
+    assert pool.submit("<answer>\\boxed{31} or \\boxed{97}</answer>", "97").result() == 0.0
+
+
+def test_response_without_boxed_answer_scores_zero_without_verification(pool):
     before = pool.stats()
     assert pool.submit("The answer is 12.", "12").result() == 0.0
     after = pool.stats()
     assert after.no_answer == before.no_answer + 1 and after.verified == before.verified
+
+
+def test_submit_reads_nothing_in_the_callers_thread_and_the_worker_reads_in_time(pool):
+    """`'<answer>' + '\\boxed{' * 8000` blocked `submit` ~27 s (quadratic extraction in the
+    caller's thread). Now `submit` only queues it: no reward code runs in this thread during
+    the call, and a worker reads it (no answer) well inside the pool's timeout."""
+    response = "<answer>" + "\\boxed{" * 8000
+    ran = []
+
+    def record(frame, event, arg):
+        if event == "call":
+            ran.append(frame.f_code.co_filename)
+
+    before = pool.stats()
+    sys.setprofile(record)
+    try:
+        future = pool.submit(response, "5")
+    finally:
+        sys.setprofile(None)
+    assert isinstance(future, concurrent.futures.Future)
+    assert not [name for name in ran if name.endswith(REWARD_MODULES)]
+    assert future.result(timeout=TIMEOUT_S + 1.0) == 0.0
+    after = pool.stats()
+    assert after.no_answer == before.no_answer + 1 and after.timeouts == before.timeouts
+    # The pool goes on working.
+    assert pool.score_batch([(f"\\boxed{{{n}}}", str(n)) for n in range(3000, 3004)]) == [1.0] * 4
+
+
+def test_any_code_point_crosses_the_pipe(pool):
+    """A lone surrogate (a JSON `\\ud800` in model output decodes to one) in the response, the
+    boxes or the gold is text like any other."""
+    assert pool.submit("<answer>\\boxed{\ud800}</answer>", "5").result() == 0.0
+    assert pool.submit("<answer>\\boxed{\ud800}</answer>", "\ud800").result() == 1.0
+    assert pool.submit("\ud800\x00<answer>\\boxed{7}</answer>", "7").result() == 1.0
 
 
 def test_worker_killed_while_idle_is_replaced_before_it_loses_a_call(pool_and_others):

@@ -8,9 +8,12 @@ group as they do in RL. Some rollouts are truncated before boxing anything.
 
 Figures printed:
 - cold batch: a fresh pool scores the batch (every distinct pair verified once): the RL case;
-- warm batch: the same batch again (all cache hits): the cost of the parent-side bookkeeping;
+- warm batch: the same batch again: every response is read again by a worker, and every
+  verification is a cache hit: the cost of reading plus the pool's bookkeeping;
 - all-distinct: as many distinct pairs as the batch has, no repeats: the uncached worst case;
-- in-process `score` on the distinct pairs, single process, for reference.
+- in-process `score` on the distinct pairs, single process, for reference;
+- a hostile response (`<answer>` and 8000 unclosed `\\boxed{`): how long `submit` takes to
+  return and the reward to arrive (the worker reads it; before, `submit` read it itself).
 
 Usage: python experiments/benchmarks/bench_verifier.py [--problems 64] [--rollouts 16] [--workers 2]
 """
@@ -146,6 +149,16 @@ def main() -> None:
         _report(
             "all-distinct batch (no cache help)", len(unique), time.perf_counter() - start,
             f"[{stats.verified} verified]",
+        )
+
+        start = time.perf_counter()
+        future = pool.submit("<answer>" + "\\boxed{" * 8000, "5")
+        returned_s = time.perf_counter() - start
+        reward = future.result()
+        total_s = time.perf_counter() - start
+        print(
+            f"hostile response (8000 unclosed boxes): submit returned in "
+            f"{1e3 * returned_s:.2f} ms, reward {reward} after {1e3 * total_s:.1f} ms"
         )
 
     pairs = list(dict.fromkeys(batch))

@@ -9,15 +9,20 @@ unordered), tuples and intervals `(a, b]` (ordered, brackets significant). Anyth
 math-verify.
 
 Values are sympy expressions evaluated exactly. Results that would be astronomically large
-(a power tower, `(10^{10})!`) are refused instead of computed: building them is exactly the
-C-level big-integer work that cannot be interrupted.
+(a power tower, `(10^{10})!`, a number of more than 60,000 digits) are refused with `TooLarge`
+instead of computed: building them is exactly the C-level big-integer work that cannot be
+interrupted. `has_huge_number` finds such numbers inside answers that are not numeric, such as
+`x + 5^{5^{5^{5}}}`, before anything else tries to evaluate them.
 """
 
 import dataclasses
+import decimal
 import math
 import re
 
 import sympy
+
+from rstar2_jax.rewards.normalize import answer_parts, bracket_pairs, split_top_level
 
 # Largest exact result we build, in bits: 2006! (the known trap) has ~19k bits.
 _MAX_BITS = 200_000
@@ -27,11 +32,16 @@ _TOKEN = re.compile(
     r"|\\[{}]"  # set braces
     r"|[-+*/^!(){}\[\],]"
 )
-_UNORDERED_OPEN, _UNORDERED_CLOSE = "\\{", "\\}"
+# Decimal digits per bit: a number of `d` digits has about `d / _DIGITS_PER_BIT` bits.
+_DIGITS_PER_BIT = math.log10(2)
 
 
 class NotExact(ValueError):
     """The answer is not a closed-form numeric value this parser can evaluate safely."""
+
+
+class TooLarge(NotExact):
+    """The answer is numeric but too large to evaluate: no answer is read from it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +103,21 @@ def _bits(value: sympy.Rational) -> int:
     return max(abs(value.p).bit_length(), abs(value.q).bit_length())
 
 
+def _number(token: str) -> sympy.Rational:
+    """The exact value of a decimal numeral (any length Python's `int(str)` limit refuses)."""
+    if len(token) / _DIGITS_PER_BIT > _MAX_BITS:
+        raise TooLarge("number too long to evaluate")
+    numerator, denominator = decimal.Decimal(token).as_integer_ratio()
+    return sympy.Rational(numerator, denominator)
+
+
 def _power(base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
     """`base ** exponent`, refusing results beyond `_MAX_BITS` before computing them."""
     if exponent.is_Rational and base.is_number and base not in (0, 1, -1):
         # |base^(p/q)| has at most |p| * bits(base) bits; integer arithmetic, so no overflow.
         base_bits = _bits(base) if base.is_Rational else 1
         if abs(exponent.p) * base_bits > _MAX_BITS:
-            raise NotExact("power too large to evaluate")
+            raise TooLarge("power too large to evaluate")
     return _defined(sympy.Pow(base, exponent))
 
 
@@ -180,7 +198,7 @@ class _Parser:
             if not (value.is_Integer and 0 <= value):
                 raise NotExact("factorial of a non-natural number")
             if value * math.log2(max(int(value), 2)) > _MAX_BITS:
-                raise NotExact("factorial too large to evaluate")
+                raise TooLarge("factorial too large to evaluate")
             value = sympy.factorial(value)
         return value
 
@@ -203,7 +221,7 @@ class _Parser:
             raise NotExact("unexpected end")
         if token[0].isdigit() or token[0] == ".":
             self.take()
-            return sympy.Rational(token)
+            return _number(token)
         if token == "(":
             return self.group("(", ")")
         if token == "{":
@@ -221,8 +239,10 @@ class _Parser:
         if token == "\\binom":
             self.take()
             n, k = self.group("{", "}"), self.group("{", "}")
-            if not (n.is_Integer and k.is_Integer and 0 <= n <= 100_000):
-                raise NotExact("binomial of non-integers or too large")
+            if not (n.is_Integer and k.is_Integer and 0 <= n):
+                raise NotExact("binomial of non-integers")
+            if n > 100_000:
+                raise TooLarge("binomial too large to evaluate")
             return sympy.binomial(n, k)
         if token == "\\pi":
             self.take()
@@ -236,49 +256,20 @@ class _Parser:
 _ATOM_COMMANDS = ("\\frac", "\\sqrt", "\\binom", "\\pi", "\\infty")
 
 
-def _split_top_level(tokens: list[str], separator: str) -> list[list[str]]:
-    """Split `tokens` at `separator` tokens that are not nested in any bracket."""
-    parts, current, depth = [], [], 0
-    for token in tokens:
-        if token in ("(", "[", "{", _UNORDERED_OPEN):
-            depth += 1
-        elif token in (")", "]", "}", _UNORDERED_CLOSE):
-            depth -= 1
-        if token == separator and depth == 0:
-            parts.append(current)
-            current = []
-        else:
-            current.append(token)
-    parts.append(current)
-    return parts
-
-
-def _encloses(tokens: list[str], opens: tuple[str, ...], closes: tuple[str, ...]) -> bool:
-    """Whether the first token opens a bracket that the last token closes."""
-    if len(tokens) < 2 or tokens[0] not in opens or tokens[-1] not in closes:
-        return False
-    depth = 0
-    for index, token in enumerate(tokens):
-        depth += token in ("(", "[", "{", _UNORDERED_OPEN)
-        depth -= token in (")", "]", "}", _UNORDERED_CLOSE)
-        if depth == 0 and index < len(tokens) - 1:
-            return False
-    return True
-
-
-def _element_values(tokens: list[str]) -> list[sympy.Expr]:
+def _element_values(element: str) -> list[sympy.Expr]:
     """The values of one element; `a \\pm b` stands for the two values a + b and a - b."""
-    parts = _split_top_level(tokens, "\\pm")
+    parts = split_top_level(element, "\\pm")
     if len(parts) > 2:
         raise NotExact("more than one \\pm")
     if len(parts) == 2:
         left = _evaluate(parts[0]) if parts[0] else sympy.Integer(0)
         right = _evaluate(parts[1])
         return [left + right, left - right]
-    return [_evaluate(tokens)]
+    return [_evaluate(element)]
 
 
-def _evaluate(tokens: list[str]) -> sympy.Expr:
+def _evaluate(text: str) -> sympy.Expr:
+    tokens = _tokenize(text)
     if not tokens:
         raise NotExact("empty expression")
     parser = _Parser(tokens)
@@ -289,24 +280,64 @@ def _evaluate(tokens: list[str]) -> sympy.Expr:
 
 
 def parse_exact(normalized: str) -> ExactAnswer:
-    """The exact value(s) of a normalised answer; raises NotExact if it is not a numeric one."""
+    """The exact value(s) of a normalised answer; raises NotExact if it is not a numeric one
+    (TooLarge if it is numeric but too large to evaluate)."""
+    elements, brackets = answer_parts(normalized)
     try:
-        return _parse_answer(_tokenize(normalized))
+        if brackets:
+            if any("\\pm" in element for element in elements):
+                raise NotExact("\\pm inside a tuple")
+            return ExactAnswer(tuple(_evaluate(element) for element in elements), brackets)
+        values = [value for element in elements for value in _element_values(element)]
     except RecursionError:
         raise NotExact("nested too deeply") from None
-
-
-def _parse_answer(tokens: list[str]) -> ExactAnswer:
-    if _encloses(tokens, (_UNORDERED_OPEN,), (_UNORDERED_CLOSE,)):
-        tokens, brackets = tokens[1:-1], ""
-    elif "," in tokens and _encloses(tokens, ("(", "["), (")", "]")):
-        tokens, brackets = tokens[1:-1], tokens[0] + tokens[-1]
-    else:
-        brackets = ""
-    elements = _split_top_level(tokens, ",")
-    if brackets:
-        if any("\\pm" in element for element in elements):
-            raise NotExact("\\pm inside a tuple")
-        return ExactAnswer(tuple(_evaluate(element) for element in elements), brackets)
-    values = [value for element in elements for value in _element_values(element)]
     return ExactAnswer(tuple(values), brackets)
+
+
+def has_huge_number(normalized: str) -> bool:
+    """Whether a normalised answer contains a number too large to evaluate, wherever it stands:
+    the exponent of `x^{5^{5^{5}}}`, the power `(10^{1999})^{199999}`, `(10^{10})!`,
+    `\\binom{10^{12}}{5}`, inside an answer that is otherwise not numeric.
+
+    Evaluates every braced exponent, and every power, factorial and binomial whose operands are
+    closed-form numbers, with this parser's limits; anything it cannot read is no concern here.
+    """
+    pairs = bracket_pairs(normalized)
+    for i, char in enumerate(normalized):
+        exponent = expression = ""
+        if char == "^" and (end := pairs.get(i + 1, -1)) > i and normalized[i + 1] == "{":
+            exponent = normalized[i + 2 : end]
+            base = _operand_before(normalized, i, pairs)
+            expression = f"{base}^{{{exponent}}}" if base and exponent else ""
+        elif char == "!":
+            operand = _operand_before(normalized, i, pairs)
+            expression = f"{operand}!" if operand else ""
+        elif normalized.startswith("\\binom{", i) and (top_end := pairs.get(i + 6, -1)) > i:
+            bottom_end = pairs.get(top_end + 1, -1)  # the bracket right after `{top}`, if any
+            expression = normalized[i : bottom_end + 1] if bottom_end > top_end else ""
+        if (expression and _too_large(expression)) or (exponent and _too_large(exponent, True)):
+            return True
+    return False
+
+
+def _too_large(expression: str, as_exponent: bool = False) -> bool:
+    """Whether `expression` is numeric but too large to evaluate (or, `as_exponent`, to be
+    an exponent: above `_MAX_BITS`); False if it is not a closed-form number at all."""
+    try:
+        values = parse_exact(expression).values
+    except TooLarge:
+        return True
+    except NotExact:
+        return False
+    return as_exponent and any(value.is_comparable and abs(value) > _MAX_BITS for value in values)
+
+
+def _operand_before(text: str, end: int, pairs: dict[int, int]) -> str:
+    """The number or bracket group that ends at `text[end - 1]`, brackets included; "" if none."""
+    if end > 0 and text[end - 1] in ")}":
+        start = pairs.get(end - 1, end)
+        return text[start:end] if start < end - 1 else ""
+    start = end
+    while start > 0 and (text[start - 1].isdigit() or text[start - 1] == "."):
+        start -= 1
+    return text[start:end]

@@ -3,12 +3,14 @@
 Two answers whose normal forms are equal strings are equivalent; the normal form is also the
 input of the exact-number parser (`exact.py`). Every rule removes notation that does not change
 the mathematical value: delimiters, spacing, font and text wrappers, thousands separators,
-units, degree and percent signs, and a leading `x =`.
+units, degree and percent signs, and a leading `x =`. Lists are written one way: `1 or 2`,
+`1 and 2` and `x=1, x=2` all become `1,2`.
 
 Percent signs are dropped rather than divided by 100 because "what percent ..." problems state
 the gold answer as the number of percent (MATH convention): `25\\%` answers gold `25`.
 """
 
+import functools
 import re
 
 # Commands that only change spacing, sizing or style.
@@ -16,15 +18,21 @@ _NOISE = re.compile(
     r"\\(?:left|right|big|Big|bigg|Bigg|displaystyle|textstyle|limits)(?![A-Za-z])"
     r"|\\[,;:! ]|~|\\?\$|\\\(|\\\)|\\\[|\\\]|\*\*"
 )
-# Wrappers whose argument is kept as plain content.
+# Wrappers whose argument is kept as plain content; a box inside a box is the same answer.
 _WRAPPER = re.compile(
-    r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{"
+    r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname|boxed|fbox)\s*\{"
 )
+_WRAPPER_TOKEN = re.compile(_WRAPPER.pattern + r"|\\.|[{}]", re.DOTALL)
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 _PERCENT = re.compile(r"\\?%")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-# `x = 5`, `n_1 = 5`, `f(3) = 5`: keep the value. Only one `=`, so equations stay intact.
-_LEADING_NAME = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?(?:\([^()=]*\))?=(?=[^=]+$)")
+# `x = 5`, `n_1 = 5`, `f(3) = 5`, `(x,y) = (1,2)`: keep the value. Only one `=`, so equations
+# stay intact.
+_NAME = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([^()=]*\))?|\([A-Za-z](?:,[A-Za-z])+\))="
+_LEADING_NAME = re.compile(rf"^{_NAME}(?=[^=]+$)")
+_NAMED_PART = re.compile(rf"({_NAME})([^=]+)")
+# `1 or 2`, `1, 2, and 3`, `x=1 \\text{ or } x=2`: a list of answers.
+_LIST_WORD = re.compile(r"\s*,?\s*(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])\s*")
 _UNIT_WORDS = (
     "square units|sq units|units?|degrees?|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?"
     "|inches|inch|in|feet|foot|ft|yards?|miles?|mph|seconds?|sec|s|minutes?|min|hours?|hrs?|days?"
@@ -41,19 +49,91 @@ _BARE_SQRT = re.compile(r"\\sqrt(\d)")
 
 
 def _unwrap(text: str) -> str:
-    """Replace each `\\text{...}`-style wrapper by its content (nested braces respected)."""
-    while (match := _WRAPPER.search(text)) is not None:
-        depth, end = 1, match.end()
-        while end < len(text) and depth:
-            if text[end] == "\\":
-                end += 2
-                continue
-            depth += {"{": 1, "}": -1}.get(text[end], 0)
-            end += 1
-        if depth:  # unbalanced: leave the rest as is rather than guess
-            return text
-        text = text[: match.start()] + text[match.end() : end - 1] + text[end:]
-    return text
+    """Replace each `\\text{...}`-style wrapper by its content (nested braces respected).
+
+    One pass; a wrapper whose brace never closes is left as written.
+    """
+    out: list[str] = []
+    # Per open brace: None for a plain `{`, else (where its wrapper stood in `out`, the wrapper).
+    stack: list[tuple[int, str] | None] = []
+    position = 0
+    for match in _WRAPPER_TOKEN.finditer(text):
+        out.append(text[position : match.start()])
+        position = match.end()
+        token = match.group(0)
+        if token == "{":
+            stack.append(None)
+            out.append(token)
+        elif token == "}":
+            opener = stack.pop() if stack else None
+            if opener is None:
+                out.append(token)
+        elif token.endswith("{") and _WRAPPER.fullmatch(token):
+            stack.append((len(out), token))
+        else:
+            out.append(token)
+    out.append(text[position:])
+    for opener in reversed(stack):
+        if opener is not None:
+            out.insert(*opener)
+    return "".join(out)
+
+
+# Brackets and how they move the depth; `\\{ \\}` are set braces. Other escapes are inert.
+_DEPTH_CHANGE = {"(": 1, "[": 1, "{": 1, "\\{": 1, ")": -1, "]": -1, "}": -1, "\\}": -1}
+
+
+@functools.cache
+def _scanner(separator: str) -> re.Pattern:
+    """Tokens that matter for splitting at `separator`: it, commands, escapes and brackets."""
+    word_end = r"(?![A-Za-z])" if separator[-1].isalpha() else ""
+    return re.compile(re.escape(separator) + word_end + r"|\\[A-Za-z]+|\\.|[()\[\]{}]", re.DOTALL)
+
+
+def split_top_level(text: str, separator: str) -> list[str]:
+    """`text` cut at each `separator` outside all brackets (a command such as `\\pm` as a whole)."""
+    parts, start, depth = [], 0, 0
+    for match in _scanner(separator).finditer(text):
+        token = match.group(0)
+        if token == separator:
+            if depth == 0:
+                parts.append(text[start : match.start()])
+                start = match.end()
+        else:
+            depth += _DEPTH_CHANGE.get(token, 0)
+    parts.append(text[start:])
+    return parts
+
+
+def bracket_pairs(text: str) -> dict[int, int]:
+    """Where each bracket's partner starts, keyed both ways (a closer closes the innermost open
+    bracket whatever its kind, so intervals `[a, b)` pair up); unmatched brackets are absent."""
+    pairs, opened = {}, []
+    for match in _scanner(",").finditer(text):
+        change = _DEPTH_CHANGE.get(match.group(0), 0)
+        if change > 0:
+            opened.append(match.start())
+        elif change < 0 and opened:
+            start = opened.pop()
+            pairs[start], pairs[match.start()] = match.start(), start
+    return pairs
+
+
+def answer_parts(normal: str) -> tuple[list[str], str]:
+    """The elements of a normalised answer and the brackets that order them.
+
+    `\\{a,b\\}` and a bare list `a,b` are unordered: brackets `""`. A bracketed list with a
+    top-level comma, `(a,b)` or `[a,b)`, is a tuple or interval: brackets `"()"`, `"[)"`. Anything
+    else is one element. The elements are not split further (`\\pm` stays inside its element).
+    """
+    closer = bracket_pairs(normal).get(0)
+    if normal.startswith("\\{") and closer == len(normal) - 2 and normal.endswith("\\}"):
+        return split_top_level(normal[2:-2], ","), ""
+    if normal[:1] in ("(", "[") and closer == len(normal) - 1 and normal[-1] in ")]":
+        elements = split_top_level(normal[1:-1], ",")
+        if len(elements) > 1:
+            return elements, normal[0] + normal[-1]
+    return split_top_level(normal, ","), ""
 
 
 def normalize_answer(answer: str) -> str:
@@ -63,6 +143,7 @@ def normalize_answer(answer: str) -> str:
     text = text.replace("{,}", "")  # `1{,}000`: a thousands separator in TeX
     text = _unwrap(text)
     text = _NOISE.sub(" ", text)
+    text = _LIST_WORD.sub(",", text)
     text = _DEGREES.sub("", text)
     text = _PERCENT.sub("", text)
     text = text.strip().rstrip(".").strip()
@@ -72,4 +153,25 @@ def normalize_answer(answer: str) -> str:
     text = re.sub(r"\s+", "", text)
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
+    # `x=1,x=2`: solutions of one unknown. Different names (`a=2,b=3`) stay: see `named_parts`.
+    named = _names_and_values(text)
+    if named is not None and len({name for name, _ in named}) == 1:
+        return ",".join(value for _, value in named)
     return _LEADING_NAME.sub("", text)
+
+
+def _names_and_values(text: str) -> list[tuple[str, str]] | None:
+    """`a=2,b_{1}=3` -> [("a=", "2"), ("b_1=", "3")]: a list of two or more `name=value`."""
+    matches = [_NAMED_PART.fullmatch(part) for part in split_top_level(text, ",")]
+    if len(matches) < 2 or not all(matches):
+        return None
+    return [(match.group(1).replace("{", "").replace("}", ""), match.group(2)) for match in matches]
+
+
+def named_parts(normal: str) -> dict[str, str] | None:
+    """The values of a normalised answer that gives values to different names, by name
+    (`a=2,b=3` -> {"a=": "2", "b=": "3"}, in written order); None for any other answer."""
+    named = _names_and_values(normal)
+    if named is None or len({name for name, _ in named}) < len(named):
+        return None
+    return dict(named)

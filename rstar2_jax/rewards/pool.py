@@ -6,15 +6,17 @@ make sympy grind on huge integers in C code (math-verify issue #65, e.g. `5^{5^{
 no in-process timeout can interrupt. The parent therefore watches every call; when one outlives
 `timeout_s` it SIGKILLs the worker, scores the call 0 and spawns a replacement.
 
+All reading of a response happens in a worker, under that watch: `submit` only queues the text
+and returns a future. A parent thread per worker sends the response to its worker, which finds
+the final answer's boxes (`extract_boxes`) and sends them back; the thread looks the pair
+(boxes, gold) up in the cache and, only if it is new, has the worker verify it
+(`answer_matches`). A GRPO group of 16-32 rollouts usually repeats a handful of answers, so a
+group costs a few verifications, and a pair already being verified by another worker is shared
+rather than verified twice.
+
 Workers are started with the spawn method of `multiprocess`: the trainer has already started
 JAX's threads and must never be forked. Requests and replies are JSON bytes over a pipe, never
-pickles. One parent thread drives each worker, so the parent never blocks on a busy worker and
-submitting is non-blocking (`submit` returns a future, letting the RL loop overlap scoring with
-rollouts).
-
-Caching happens in the parent, keyed on (extracted answer, gold): a GRPO group of 16-32
-rollouts usually repeats a handful of answers, so a group costs a few verifications, and a
-pair already in flight is shared rather than verified twice.
+pickles.
 """
 
 import collections
@@ -29,8 +31,6 @@ import threading
 
 import multiprocess
 
-from rstar2_jax.rewards.extract import extract_answer
-
 logger = logging.getLogger(__name__)
 
 # A verification that needs more memory than this is pathological; fail it fast (score 0)
@@ -42,21 +42,27 @@ _READY = b"ready"
 
 
 def _serve(connection) -> None:
-    """Worker main loop: read `[pred, gold]` JSON, reply `{"equal": bool}` or `{"error": str}`."""
+    """Worker main loop. Requests are JSON: `{"response": text}` is answered with the final
+    answer's boxes `{"boxes": [...]}`, `{"boxes": [...], "gold": gold}` with `{"equal": bool}`;
+    an unexpected failure with `{"error": str}`."""
     resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
-    from rstar2_jax.rewards.verify import is_equivalent
+    from rstar2_jax.rewards.extract import extract_boxes
+    from rstar2_jax.rewards.verify import answer_matches
 
     # Touch every code path once so the first real call does not pay sympy's lazy imports.
-    is_equivalent("\\frac{2}{4}", "0.5")
-    is_equivalent("x^2 - 1", "(x-1)(x+1)")
+    answer_matches(extract_boxes("<answer>\\boxed{\\frac{2}{4}}</answer>"), "0.5")
+    answer_matches(["x^2 - 1"], "(x-1)(x+1)")
     connection.send_bytes(_READY)
     while True:
         try:
-            pred, gold = json.loads(connection.recv_bytes())
+            request = json.loads(connection.recv_bytes())
         except EOFError:  # the pool closed the pipe: shut down
             return
         try:
-            reply = {"equal": bool(is_equivalent(pred, gold))}
+            if "response" in request:
+                reply = {"boxes": list(extract_boxes(request["response"]))}
+            else:
+                reply = {"equal": answer_matches(request["boxes"], request["gold"])}
         except Exception as error:  # scored 0 by the parent; reported, never fatal
             reply = {"error": f"{type(error).__name__}: {error}"}
         connection.send_bytes(json.dumps(reply).encode())
@@ -83,10 +89,10 @@ class _Worker:
                 "`if __name__ == '__main__':` guard, as spawned workers re-import the main module"
             )
 
-    def call(self, pred: str, gold: str, timeout_s: float) -> dict | str:
+    def call(self, request: dict, timeout_s: float) -> dict | str:
         """The worker's reply, or `"timeout"` / `"died"` if it missed the deadline or crashed."""
         try:
-            self.connection.send_bytes(json.dumps([pred, gold]).encode())
+            self.connection.send_bytes(json.dumps(request).encode())
             if not self.connection.poll(timeout_s):
                 return "timeout"
             return json.loads(self.connection.recv_bytes())
@@ -109,10 +115,11 @@ class _Worker:
 
 @dataclasses.dataclass(frozen=True)
 class VerifierStats:
-    """Counters since the pool started. `calls` counts submissions; each is answered by the
-    cache (`cache_hits`, including pairs already in flight), without verification (no boxed
-    answer: `no_answer`) or by a worker (`verified`), of which `timeouts` were killed and
-    `errors` raised or crashed. `respawns` counts replacement workers."""
+    """Counters since the pool started. `calls` counts submissions. A worker reads each one;
+    it is then answered without verification (no boxed answer: `no_answer`), by the cache
+    (`cache_hits`, including pairs already being verified) or by a verification (`verified`).
+    `timeouts` counts worker calls (reading or verifying) killed at the deadline, `errors`
+    those that failed or crashed; either scores 0. `respawns` counts replacement workers."""
 
     calls: int
     cache_hits: int
@@ -130,11 +137,12 @@ class VerifierPool:
         with VerifierPool(num_workers=2, timeout_s=4.0) as pool:
             rewards = pool.score_batch([(response_text, gold), ...])  # list of 0.0 / 1.0
 
-    A call taking longer than `timeout_s` seconds of wall time in its worker scores 0.0 (that
-    worker is killed and replaced). The scoring rule is `rstar2_jax.rewards.score`'s.
-    `num_workers` defaults to min(4, CPUs). Thread-safe; `cache_size` bounds the
-    (answer, gold) -> reward memo (LRU). A call whose worker could not be started gets that
-    error as its future's exception; every submitted call gets exactly one outcome.
+    The scoring rule is `rstar2_jax.rewards.score`'s. Reading a response and verifying its
+    answer are two worker calls; either taking longer than `timeout_s` seconds of wall time
+    scores 0.0 (that worker is killed and replaced). `num_workers` defaults to min(4, CPUs).
+    Thread-safe; `cache_size` bounds the (boxes, gold) -> reward memo (LRU). A call whose
+    worker could not be started gets that error as its future's exception; every submitted
+    call gets exactly one outcome.
 
     Workers are spawned, so they re-import the main module: a script that creates a pool needs
     the usual `if __name__ == "__main__":` guard (notebooks and pytest need nothing).
@@ -154,8 +162,8 @@ class VerifierPool:
         self._cache_size = cache_size
         self._context = multiprocess.get_context("spawn")
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
-        self._in_flight: dict[tuple[str, str], concurrent.futures.Future] = {}
+        self._cache: collections.OrderedDict[tuple, float] = collections.OrderedDict()
+        self._in_flight: dict[tuple, concurrent.futures.Future] = {}
         self._counts = collections.Counter()
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
@@ -178,26 +186,17 @@ class VerifierPool:
             thread.start()
 
     def submit(self, response_text: str, gold: str) -> concurrent.futures.Future:
-        """The reward of one response as a future float (0.0 or 1.0); never blocks."""
-        answer = extract_answer(response_text)
-        with self._lock:
+        """The reward of one response as a future float (0.0 or 1.0).
+
+        Only queues the call: the response is read in a worker, so no text, however long or
+        malformed, can hold up the caller.
+        """
+        future = concurrent.futures.Future()
+        with self._lock:  # queued under the lock, so never behind close()'s stop signals
             if self._closed:
                 raise RuntimeError("VerifierPool is closed")
             self._counts["calls"] += 1
-            if answer is None:
-                self._counts["no_answer"] += 1
-                return _done(0.0)
-            key = (answer, gold)
-            if key in self._cache:
-                self._counts["cache_hits"] += 1
-                self._cache.move_to_end(key)
-                return _done(self._cache[key])
-            if key in self._in_flight:
-                self._counts["cache_hits"] += 1
-                return self._in_flight[key]
-            future = concurrent.futures.Future()
-            self._in_flight[key] = future
-        self._jobs.put((key, future))
+            self._jobs.put((response_text, gold, future))
         return future
 
     def score_batch(self, items: list[tuple[str, str]]) -> list[float]:
@@ -216,8 +215,8 @@ class VerifierPool:
             if self._closed:
                 return
             self._closed = True
-        for _ in self._threads:
-            self._jobs.put(None)
+            for _ in self._threads:
+                self._jobs.put(None)
         for thread in self._threads:
             thread.join()
         for worker in self._workers:
@@ -231,15 +230,13 @@ class VerifierPool:
         self.close()
 
     def _drive(self, slot: int) -> None:
-        """Thread body: feed jobs to worker `slot` one at a time, replacing it when it fails."""
+        """Thread body: score jobs with worker `slot` one at a time, replacing it when it fails."""
         while (job := self._jobs.get()) is not None:
-            key, future = job
+            response_text, gold, future = job
             try:
-                reward = self._verify(slot, self._worker(slot), *key)
+                self._score(slot, response_text, gold, future)
             except Exception as error:  # e.g. no replacement worker: the caller must hear of it
-                self._finish(key, future, error=error)
-                continue
-            self._finish(key, future, reward=reward)
+                future.set_exception(error)
             if self._workers[slot] is None and not self._closed:
                 # Respawn now, after delivering the result, so the next job does not wait;
                 # a failure here is retried (and reported) by the next job.
@@ -247,6 +244,53 @@ class VerifierPool:
                     self._worker(slot)
                 except Exception:
                     logger.exception("could not replace verifier worker %d", slot)
+
+    def _score(self, slot: int, response_text: str, gold: str, future) -> None:
+        """Read the response, then answer `future` from the cache or by verifying."""
+        what = f"a response of {len(response_text)} characters"
+        reply = self._call(slot, {"response": response_text}, what)
+        boxes = tuple(reply["boxes"]) if reply is not None else ()
+        if reply is not None and not boxes:
+            self._count("no_answer")
+        if not boxes:
+            future.set_result(0.0)
+            return
+        key = (boxes, gold)
+        with self._lock:
+            if key in self._cache:
+                self._counts["cache_hits"] += 1
+                self._cache.move_to_end(key)
+                future.set_result(self._cache[key])
+                return
+            if key in self._in_flight:
+                self._counts["cache_hits"] += 1
+                _chain(self._in_flight[key], future)
+                return
+            self._in_flight[key] = future
+        try:
+            what = f"{boxes!r:.80} vs {gold!r:.80}"
+            reply = self._call(slot, {"boxes": boxes, "gold": gold}, what)
+        except Exception as error:
+            self._finish(key, future, error=error)
+            return
+        self._count("verified")
+        self._finish(key, future, reward=0.0 if reply is None else float(reply["equal"]))
+
+    def _call(self, slot: int, request: dict, what: str) -> dict | None:
+        """Worker `slot`'s reply to `request`, or None (logged) if it timed out, died or failed."""
+        worker = self._worker(slot)
+        reply = worker.call(request, self.timeout_s)
+        if isinstance(reply, str):
+            worker.kill()
+            self._workers[slot] = None
+            self._count("timeouts" if reply == "timeout" else "errors")
+            logger.warning("verifier worker %s on %s; scored 0", reply, what)
+            return None
+        if "error" in reply:
+            self._count("errors")
+            logger.warning("verifier error on %s: %s; scored 0", what, reply["error"])
+            return None
+        return reply
 
     def _worker(self, slot: int) -> _Worker:
         """The live worker of `slot`, replacing one that is missing or died while idle."""
@@ -257,23 +301,6 @@ class VerifierPool:
             self._workers[slot] = _Worker(self._context)
             self._count("respawns")
         return self._workers[slot]
-
-    def _verify(self, slot: int, worker: _Worker, pred: str, gold: str) -> float:
-        reply = worker.call(pred, gold, self.timeout_s)
-        self._count("verified")
-        if isinstance(reply, str):
-            worker.kill()
-            self._workers[slot] = None
-            self._count("timeouts" if reply == "timeout" else "errors")
-            logger.warning("verifier worker %s on %r vs %r; scored 0", reply, pred[:80], gold[:80])
-            return 0.0
-        if "error" in reply:
-            self._count("errors")
-            logger.warning(
-                "verifier error on %r vs %r: %s; scored 0", pred[:80], gold[:80], reply["error"]
-            )
-            return 0.0
-        return float(reply["equal"])
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -292,7 +319,13 @@ class VerifierPool:
             future.set_result(reward)
 
 
-def _done(value: float) -> concurrent.futures.Future:
-    future = concurrent.futures.Future()
-    future.set_result(value)
-    return future
+def _chain(source: concurrent.futures.Future, target: concurrent.futures.Future) -> None:
+    """Give `target` the outcome of `source` once it has one."""
+
+    def copy(done: concurrent.futures.Future) -> None:
+        if done.exception() is not None:
+            target.set_exception(done.exception())
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)

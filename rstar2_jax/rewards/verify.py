@@ -1,36 +1,58 @@
-"""Answer equivalence and the binary outcome reward (DESIGN §2b).
+"""Answer equivalence and the binary outcome reward (docs/verifier.md).
 
 The paper's verifier accepts when either a rule-based normaliser or math-verify says equal.
 We keep that union but are stricter where math-verify is known to be wrong:
 
 1. equal normal forms (`normalize.py`) -> equal;
-2. both sides exact closed-form numbers (`exact.py`) -> exact comparison decides, both ways.
-   math-verify rounds to 6 decimals, so it calls 1/2004! and 1/2006! equal;
-3. an answer with `\\pm` that step 2 could not read -> not equal (math-verify drops the sign
+2. a reference giving values to different names (`a=2, b=3`) -> compared name by name, or in
+   its order if the answer gives bare values (math-verify would accept `3, 2`);
+3. both sides exact closed-form numbers (`exact.py`) -> exact comparison decides, both ways.
+   math-verify rounds to 6 decimals, so it calls 1/2004! and 1/2006! equal. A number too large
+   to evaluate (more than 200,000 bits) is not read: not equal;
+4. an answer with `\\pm` that step 3 could not read -> not equal (math-verify drops the sign
    set in some directions and would accept `2021` for `\\pm 2021`);
-4. otherwise math-verify, gold first (`verify` is not symmetric), with the gold wrapped in
+5. an answer holding a number too large to evaluate (`x^{5^{5^{5}}}`) -> not equal, before
+   math-verify would try to compute it;
+6. otherwise math-verify, gold first (`verify` is not symmetric), with the gold wrapped in
    `\\boxed{}` as rStar2 does; if both of its parses are exact numbers we again compare
    exactly rather than let it round.
 
-Everything here runs in the calling process with math-verify's own timeouts disabled (they are
-SIGALRM-based and break off the main thread). Some inputs make sympy grind on huge integers in
-C code, which nothing in-process can interrupt: the trainer scores through `VerifierPool`,
-which kills such calls from outside.
+Several boxes in one final answer (`answer_matches`) are one answer only where that cannot buy
+reward for hedging: they match when every box states the reference, or when the reference has
+several parts and the boxes together state exactly those parts.
+
+Nothing here raises on any input: an answer that cannot be read is not equal. Everything runs
+in the calling process with math-verify's own timeouts disabled (they are SIGALRM-based and
+break off the main thread). The guards above keep known pathological answers from reaching
+sympy, but sympy can still grind in C code on inputs no guard foresaw, which nothing
+in-process can interrupt: the trainer scores through `VerifierPool`, which kills such calls
+from outside.
 """
 
 import logging
+from collections.abc import Sequence
 
 import math_verify
 import sympy
 
-from rstar2_jax.rewards.exact import NotExact, parse_exact, same_value
-from rstar2_jax.rewards.extract import extract_answer
-from rstar2_jax.rewards.normalize import normalize_answer
+from rstar2_jax.rewards.exact import NotExact, TooLarge, has_huge_number, parse_exact, same_value
+from rstar2_jax.rewards.extract import extract_boxes
+from rstar2_jax.rewards.normalize import (
+    answer_parts,
+    named_parts,
+    normalize_answer,
+    split_top_level,
+)
+
+# Longest answer (normal form, in characters) compared by value; a longer one is equal only to
+# the same normal form. Real answers are far shorter; this bounds the work one answer can ask.
+MAX_ANSWER_CHARS = 2000
 
 # rStar2's extraction configs: the gold is LaTeX; the prediction may also be a plain expression.
 _GOLD_CONFIG = (math_verify.LatexExtractionConfig(),)
 _PRED_CONFIG = (math_verify.ExprExtractionConfig(), math_verify.LatexExtractionConfig())
 
+logger = logging.getLogger(__name__)
 # math-verify warns on every call that its timeouts are disabled; we time out from outside.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -58,31 +80,102 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     return math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=False)
 
 
-def is_equivalent(pred: str, gold: str) -> bool:
-    """Whether the answer `pred` means the same as the reference answer `gold`.
-
-    Both are answer strings (e.g. the content of a `\\boxed{}`), not whole responses.
-    Runs in-process without a timeout: see the module docstring.
-    """
+def _equivalent(pred: str, gold: str) -> bool:
     pred_normal, gold_normal = normalize_answer(pred), normalize_answer(gold)
     if not pred_normal or not gold_normal:
         return False
     if pred_normal == gold_normal:
         return True
+    if len(pred_normal) > MAX_ANSWER_CHARS or len(gold_normal) > MAX_ANSWER_CHARS:
+        return False
+    gold_named = named_parts(gold_normal)
+    if gold_named is not None:
+        return _named_equal(pred_normal, gold_named)
     try:
         return parse_exact(pred_normal).equals(parse_exact(gold_normal))
+    except TooLarge:
+        return False
     except NotExact:
         pass
     if "\\pm" in pred_normal or "\\pm" in gold_normal:
         return False
+    if has_huge_number(pred_normal) or has_huge_number(gold_normal):
+        return False
     return _math_verify_equal(pred, gold)
 
 
-def score(response_text: str, gold: str) -> float:
-    """The binary reward of a response: 1.0 if its final boxed answer equals `gold`, else 0.0.
+def _named_equal(pred_normal: str, gold_named: dict[str, str]) -> bool:
+    """A reference naming its parts (`a=2,b=3`) is answered by the same names with equivalent
+    values, or by the values alone in the reference's order (`2,3` or `(2,3)`)."""
+    pred_named = named_parts(pred_normal)
+    if pred_named is not None:
+        return pred_named.keys() == gold_named.keys() and all(
+            _equivalent(pred_named[name], value) for name, value in gold_named.items()
+        )
+    elements, brackets = answer_parts(pred_normal)
+    return (
+        brackets in ("", "()")
+        and len(elements) == len(gold_named)
+        and all(_equivalent(p, g) for p, g in zip(elements, gold_named.values()))
+    )
 
-    In-process and unprotected (a pathological answer can hang it); for notebooks and tests.
-    Training uses `VerifierPool.score_batch`, which has the same semantics plus a hard timeout.
+
+def _never_raises(what: str, function, *args) -> bool:
+    """`function(*args)`, or False (logged) if it raises: an unreadable answer is not equal."""
+    try:
+        return bool(function(*args))
+    except Exception as error:  # sympy, mpmath and the parsers raise many kinds on odd input
+        logger.debug("%s could not read %r: %s: %s", what, args, type(error).__name__, error)
+        return False
+
+
+def is_equivalent(pred: str, gold: str) -> bool:
+    """Whether the answer `pred` means the same as the reference answer `gold`.
+
+    Both are answer strings (e.g. the content of a `\\boxed{}`), not whole responses. Never
+    raises: an answer that cannot be read is not equal, and one whose normal form is longer
+    than `MAX_ANSWER_CHARS` is equal only to the same normal form.
+    Runs in-process without a timeout: see the module docstring.
     """
-    answer = extract_answer(response_text)
-    return float(answer is not None and is_equivalent(answer, gold))
+    return _never_raises("is_equivalent", _equivalent, pred, gold)
+
+
+def _boxes_match(boxes: Sequence[str], gold: str) -> bool:
+    if not boxes:
+        return False
+    if all(_equivalent(box, gold) for box in dict.fromkeys(boxes)):
+        return True  # one box, or several boxes that all state the reference
+    if len(boxes) == 1:
+        return False
+    gold_normal = normalize_answer(gold)
+    if len(split_top_level(gold_normal, "\\cup")) > 1:
+        return _equivalent(" \\cup ".join(boxes), gold)  # intervals boxed one by one
+    elements, brackets = answer_parts(gold_normal)
+    if len(elements) == 1 and "\\pm" not in elements[0]:
+        return False  # a single value: disagreeing boxes are candidates, not parts
+    joined = ", ".join(boxes)
+    return _equivalent(f"({joined})" if brackets == "()" else joined, gold)
+
+
+def answer_matches(boxes: Sequence[str], gold: str) -> bool:
+    """Whether a final answer given as boxed parts (`extract_boxes`) states the reference.
+
+    Accepted when every box is equivalent to `gold` (one box; or the same answer boxed twice),
+    or when `gold` has several parts (a list, a set, a tuple, `\\pm`, a union) and the boxes,
+    read in order as the parts of one answer, are equivalent to it: `\\boxed{1}, \\boxed{2}`
+    answers `\\{1, 2\\}`, `x=\\boxed{3}, y=\\boxed{4}` answers `(3, 4)` and two boxed intervals
+    answer their union. For a one-part reference, boxes that disagree are several candidate
+    answers, which never earn the reward.
+    Never raises.
+    """
+    return _never_raises("answer_matches", _boxes_match, boxes, gold)
+
+
+def score(response_text: str, gold: str) -> float:
+    """The binary reward of a response: 1.0 if its final boxed answer states `gold`, else 0.0.
+
+    The final answer is the boxes of the last `<answer>` block (`extract_boxes`); they are
+    checked with `answer_matches`. Never raises. In-process, without a timeout: for notebooks
+    and tests. Training uses `VerifierPool`, which has the same semantics plus a hard timeout.
+    """
+    return float(answer_matches(extract_boxes(response_text), gold))
