@@ -83,8 +83,9 @@ class DemoConfig:
     model: ToyModel = field(default_factory=ToyModel)
     # Copying the question's numbers into the program is the slow skill: the SFT loss sits at a
     # plateau (format learned, digits guessed) for ~450 steps at this learning rate, then drops.
-    sft_epochs: int = 13
+    sft_epochs: int = 15
     sft_batch_size: int = 16
+    sft_digit_loss_weight: float = 5.0
     sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=3e-3, schedule="constant", warmup_steps=10, weight_decay=0.0))
     # Sampled at the evaluation temperature, not the paper's 1.0: at 1.0 the tiny model miscopies
@@ -209,6 +210,7 @@ def sft_config(cfg: DemoConfig, out: Path, seq_len: int) -> SFTConfig:
         model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
         data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=seq_len,
         batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed,
+        digit_loss_weight=cfg.sft_digit_loss_weight,
         optimizer=cfg.sft_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
         mesh=MeshConfig(fsdp=1))
 
