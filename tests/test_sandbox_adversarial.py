@@ -1,10 +1,22 @@
 """Adversarial suite: hostile or broken tool code against one pool, all cases run concurrently.
 
 Each case states the status it must get; afterwards the pool must be healthy, fast, unchanged
-(no template died) and, once closed, must leave no process behind.
+(no template died) and, once closed, must leave no process behind. The pool is started with
+what a call must not reach: a secret in the caller's environment, host unix sockets (one in a
+directory on PYTHONPATH, so visible to calls, one abstract), a setuid-root binary in that
+directory, and a file standing for the training set's answers.
 """
+import ctypes
+import hashlib
+import json
 import os
+import secrets
+import select
+import shutil
 import signal
+import socket
+import tempfile
+import threading
 import time
 
 import pytest
@@ -13,7 +25,29 @@ from rstar2_jax.sandbox import SandboxPool
 
 TIMEOUT_S = 1.5
 OUTPUT_LIMIT = 64 << 10
+MEMORY_LIMIT = 512 << 20
 VICTIM = f"/var/tmp/rstar2_sandbox_victim_{os.getpid()}"
+# Canaries are MARK + 32 hex digits; a call looks for them in its own memory by hash, so the
+# code that searches never holds a canary itself. Split so that this file never holds MARK.
+MARK = "RSTAR2" + "CANARY"
+ENV_SECRET = MARK + secrets.token_hex(16)
+CALL_SECRET = MARK + secrets.token_hex(16)
+# add_key, keyctl (x86_64, aarch64); the keyring has no libc wrapper
+KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+
+
+# Defines, inside a call, the paths of its own Python installation (prefixes and sys.path, as
+# named and resolved) and the system directories a call may see; a path "leads to" the
+# installation if it is one of those paths or one of their ancestors.
+INSTALLATION = """import os, sys
+installed = set()
+for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path}:
+    if p and os.path.exists(p):
+        installed.update((os.path.abspath(p), os.path.realpath(p)))
+SYSTEM = {'/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc/ld.so.cache', '/dev', '/proc', '/tmp'}
+def leads_to_installation(path):
+    return any(p == path or p.startswith(path + '/') for p in installed | SYSTEM)
+"""
 
 
 def _case(name, code, status, stdin="", check=None, max_wall=None):
@@ -75,9 +109,32 @@ CASES = [
     _case("fill_scratch_dir", "for i in range(1000):\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'0' * 10 ** 6)",
           "error", check=_stderr_has("No space left")),
     _case("delete_outside_scratch", f"import os\nos.remove({VICTIM!r})", "error"),
-    _case("write_to_project_dir", "open('/work/rstar2_sandbox_probe', 'w')", "error"),
-    _case("root_home_hidden", "import os\nprint(sorted(os.listdir('/root')))", "ok",
-          check=lambda r: r.stdout == "['.pyenv']\n"),
+    _case("write_to_project_dir", f"open({os.path.join(os.path.dirname(__file__), 'probe')!r}, 'w')", "error"),
+    _case("answers_and_repo_invisible",
+          f"import os\nprint([os.path.exists(p) for p in {[VICTIM, __file__, os.path.dirname(__file__)]!r}])",
+          "ok", check=lambda r: r.stdout == "[False, False, False]\n"),
+    # What the call may see is defined from its own interpreter: its prefixes and sys.path.
+    _case("root_home_hidden", INSTALLATION + f"home = {os.path.expanduser('~')!r}\n"
+          "listing = sorted(os.listdir(home)) if os.path.isdir(home) else []\n"
+          "print([n for n in listing if not leads_to_installation(os.path.join(home, n))])",
+          "ok", check=lambda r: r.stdout == "[]\n"),
+    _case("only_installation_and_system_visible", INSTALLATION + """
+extra = []
+def walk(d):
+    for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        if path in SYSTEM or any(path == p or path.startswith(p + '/') for p in installed):
+            continue
+        if leads_to_installation(path) and os.path.isdir(path) and not os.path.islink(path):
+            walk(path)
+        else:
+            extra.append(path)
+walk('/')
+print(extra)""", "ok", check=lambda r: r.stdout == "[]\n"),
+    _case("mounts_read_only_nosuid", "print([l.split()[4] for l in open('/proc/self/mountinfo')\n"
+          "       if 'nosuid' not in l.split()[5].split(',')\n"
+          "       or ('rw' in l.split()[5].split(',') and l.split()[4] not in ('/tmp', '/dev/shm', '/proc'))])",
+          "ok", check=lambda r: r.stdout == "[]\n"),
     _case("too_many_open_files", "fs = [open('/dev/null') for _ in range(10 ** 4)]", "error",
           check=_stderr_has("Too many open files")),
     # -- signals and exits ------------------------------------------------------------------
@@ -96,12 +153,28 @@ CASES = [
           "os.kill(-1, 9)\nprint('alive', os.wait()[1])", "ok", check=lambda r: r.stdout == "alive 9\n"),
     _case("keyboard_interrupt", "raise KeyboardInterrupt", "error", check=_stderr_has("KeyboardInterrupt")),
     _case("setuid_root", "import os\nos.setuid(0)", "error", check=_stderr_has("PermissionError")),
+    _case("no_new_privs", "print(next(l for l in open('/proc/self/status') if l.startswith('NoNewPrivs')).split()[1])",
+          "ok", check=lambda r: r.stdout == "1\n"),
+    # fd 3 once carried the call's status to the template: writing "setup" made it a sandbox_error.
+    _case("no_descriptor_but_stdio", "import os\nopen_fds = []\nfor fd in range(3, 1024):\n    try:\n"
+          "        os.write(fd, b'setup')\n        open_fds.append(fd)\n    except OSError:\n        pass\n"
+          "print(open_fds)", "ok", check=lambda r: r.stdout == "[]\n"),
     # -- stdin ------------------------------------------------------------------------------
     _case("input_with_stdin", "a = input()\nb = input()\nprint(int(a) + int(b))", "ok", stdin="2\n40\n",
           check=lambda r: r.stdout == "42\n"),
     _case("input_without_stdin", "input()", "error", check=_stderr_has("EOFError")),
     _case("large_stdin", "import sys\nprint(len(sys.stdin.read()))", "ok", stdin="z" * 10 ** 6,
           check=lambda r: r.stdout == "1000000\n"),
+    # A model writes "\\ud800" in the JSON of its call: a lone surrogate no program can read.
+    _case("lone_surrogate_stdin", "print(input())", "error", stdin="\ud800",
+          check=lambda r: "stdin is not valid text" in r.stderr),
+    _case("lone_surrogate_code", "print('\ud800')", "error", check=_stderr_has("surrogates not allowed")),
+    _case("any_code_point_in_stdin", "import sys\nprint([hex(ord(c)) for c in sys.stdin.read()])", "ok",
+          stdin="\x00\x7f\xff\ufffd\uffff\U0001f600\U0010ffff",
+          check=lambda r: r.stdout == "['0x0', '0x7f', '0xff', '0xfffd', '0xffff', '0x1f600', '0x10ffff']\n"),
+    _case("astral_stdin_8mib", "import sys\nprint(len(sys.stdin.read()))", "ok", stdin="\U0001f600" * (2 << 20),
+          check=lambda r: r.stdout == f"{2 << 20}\n"),
+    _case("nul_in_code", "print(1)\x00", "error", check=_stderr_has("null bytes")),
     # -- network ----------------------------------------------------------------------------
     _case("network_connect", "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=0.5)", "error",
           check=_stderr_has("OSError")),
@@ -132,24 +205,112 @@ def _processes_of_uids(first: int, last: int) -> list[int]:
     return found
 
 
+class _Listeners:
+    """Host unix sockets (a file in ``directory``, mode 0777, and an abstract name) that count
+    every connection they accept."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, "host.sock")
+        self.abstract = f"\0rstar2-sandbox-probe-{os.getpid()}"
+        self.sockets = []
+        for address in (self.path, self.abstract):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(address)
+            s.listen()
+            self.sockets.append(s)
+        os.chmod(self.path, 0o777)
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            for s in select.select(self.sockets, [], [], 0.1)[0]:
+                s.accept()[0].close()
+                self.accepted += 1
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        for s in self.sockets:
+            s.close()
+
+
+def _probe_cases(probe_dir: str, listeners: _Listeners, template_pid: int) -> dict[str, tuple]:
+    """Cases that need what the fixture set up: (code, status, check) by id."""
+    suid = os.path.join(probe_dir, "suid-sleep")
+    connect = "import socket\ns = socket.socket(socket.AF_UNIX)\ns.settimeout(0.5)\ns.connect({!r})\nprint('connected')"
+    return {
+        "kill_worker": (f"import os\nos.kill({template_pid}, 9)", "error",
+                        # The template's pid does not exist in the call's PID namespace.
+                        lambda r: "ProcessLookupError" in r.stderr),
+        "unix_socket_file_unreachable": (connect.format(listeners.path), "error", lambda r: r.stdout == ""),
+        "abstract_unix_socket_unreachable": (connect.format(listeners.abstract), "error", lambda r: r.stdout == ""),
+        # The binary is visible (its directory is on PYTHONPATH) but must not run as root.
+        "setuid_binary_gains_nothing": (
+            f"import os, subprocess, time\np = subprocess.Popen([{suid!r}, '10'])\ntime.sleep(0.3)\n"
+            "uids = next(l for l in open(f'/proc/{p.pid}/status') if l.startswith('Uid:')).split()[1:]\n"
+            "p.kill()\nprint(sorted(set(uids)) == [str(os.getuid())], uids)",
+            "ok", lambda r: r.stdout.startswith("True")),
+    }
+
+
+# Looks for canaries in the call's own writable memory; prints what it found.
+SCAN_MEMORY = """import ctypes, hashlib
+wanted = {wanted!r}
+mark = {mark!r}.encode()
+found = set()
+for line in open('/proc/self/maps').read().splitlines():
+    fields = line.split()
+    if not fields[1].startswith('rw') or (len(fields) > 5 and fields[5].startswith('[v')):
+        continue
+    lo, hi = (int(x, 16) for x in fields[0].split('-'))
+    data = ctypes.string_at(lo, hi - lo)
+    i = data.find(mark)
+    while i >= 0:
+        found.add(wanted.get(hashlib.sha256(data[i:i + len(mark) + 32]).hexdigest()))
+        i = data.find(mark, i + 1)
+print(sorted(f for f in found if f))
+"""
+
+
 @pytest.fixture(scope="module")
 def suite():
-    """Run every case at once; yield (results by case id, pool info); check cleanup after close."""
+    """Run every case at once; yield (results by case id, pool, health, suite wall, listeners);
+    check cleanup after close."""
     with open(VICTIM, "w") as f:
         f.write("keep me")
-    pool = SandboxPool(num_workers=2, timeout_s=TIMEOUT_S, slots_per_worker=32, output_limit_bytes=OUTPUT_LIMIT)
+    probe_dir = tempfile.mkdtemp(dir="/var/tmp", prefix="rstar2-sandbox-probe-")
+    os.chmod(probe_dir, 0o755)
+    suid = os.path.join(probe_dir, "suid-sleep")
+    shutil.copy(shutil.which("sleep"), suid)
+    os.chown(suid, 0, 0)
+    os.chmod(suid, 0o4755)
+    listeners = _Listeners(probe_dir)
+    saved = {k: os.environ.get(k) for k in ("HF_TOKEN", "PYTHONPATH")}
+    os.environ.update(HF_TOKEN=ENV_SECRET, PYTHONPATH=probe_dir)
+    try:
+        pool = SandboxPool(num_workers=2, timeout_s=TIMEOUT_S, slots_per_worker=32, output_limit_bytes=OUTPUT_LIMIT,
+                           memory_bytes=MEMORY_LIMIT)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.update({k: v})
     health = pool.health()
     assert health["isolation"] == "namespaces", "this machine grants namespaces; see docs/sandbox.md"
-    # The template pid is only known now, so this case is built here.
-    kill_worker = f"import os\nos.kill({health['template_pids'][0]}, 9)"
-    codes = [(p.values[0], p.values[1]) for p in CASES] + [(kill_worker, "")]
+    assert health["memory_limit"].startswith("cgroup"), "this machine grants memory cgroups; see docs/sandbox.md"
+    scratch_before = pool.run("import os\nprint(os.getcwd(), os.listdir('.'))").stdout
+    probes = _probe_cases(probe_dir, listeners, health["template_pids"][0])
+    codes = [(p.values[0], p.values[1]) for p in CASES] + [(code, "") for code, _, _ in probes.values()]
     start = time.monotonic()
     results = pool.run_batch(codes)
     suite_wall = time.monotonic() - start
     by_id = {p.id: r for p, r in zip(CASES, results)}
-    by_id["kill_worker"] = results[-1]
-    yield by_id, pool, health, suite_wall
+    by_id.update(zip(probes, results[len(CASES):]))
+    yield by_id, pool, health, suite_wall, listeners, probes, scratch_before
     pool.close()
+    listeners.close()
+    shutil.rmtree(probe_dir)
     assert os.path.exists(VICTIM)
     os.remove(VICTIM)
     leftovers = _processes_of_uids(*health["slot_uids"])
@@ -170,28 +331,88 @@ def test_case(suite, request, code, stdin, status, check, max_wall):
         assert result.wall_s < max_wall, result
 
 
-def test_kill_worker_is_refused(suite):
-    result = suite[0]["kill_worker"]
-    # The template's pid does not exist in the call's PID namespace.
-    assert result.status == "error" and "ProcessLookupError" in result.stderr, result
+@pytest.mark.parametrize("name", ["kill_worker", "unix_socket_file_unreachable", "abstract_unix_socket_unreachable",
+                                  "setuid_binary_gains_nothing"])
+def test_probe_case(suite, name):
+    _, status, check = suite[5][name]
+    result = suite[0][name]
+    assert result.status == status and check(result), result
+
+
+def test_host_listeners_got_no_connection(suite):
+    assert suite[4].accepted == 0
 
 
 def test_pool_healthy_and_fast_after_suite(suite):
-    _, pool, health, suite_wall = suite
+    _, pool, health, suite_wall, _, _, scratch_before = suite
     assert suite_wall < 15, f"suite took {suite_wall:.1f} s"
     after = pool.health()
     assert after["healthy"] and after["template_pids"] == health["template_pids"]
     assert pool.stats()["respawns"] == 0 and pool.stats()["sandbox_error"] == 0
-    # Calls after the suite see a clean interpreter (builtins, sys.modules, cwd were poisoned).
+    # Calls after the suite see a clean interpreter (builtins, sys.modules, cwd were poisoned)
+    # and a scratch directory as empty as before it.
     start = time.monotonic()
     results = pool.run_batch(["print(len('abc'))", "import os\nprint(os.getcwd(), os.listdir('.'))", "6 * 7"] * 10)
     assert time.monotonic() - start < 5
-    assert [r.stdout for r in results[:3]] == ["3\n", "/tmp []\n", "42\n"]
+    assert [r.stdout for r in results[:3]] == ["3\n", scratch_before, "42\n"]
+    assert scratch_before.startswith("/tmp ")
     assert all(r.status == "ok" for r in results)
 
 
+def test_call_memory_holds_no_secret_and_no_other_call(suite):
+    """No trainer secret (the environment the pool was started in) and nothing of another call
+    (code, stdin, output of calls in flight on the same templates) is in a call's memory."""
+    pool = suite[1]
+    wanted = {hashlib.sha256(s.encode()).hexdigest(): label
+              for s, label in ((ENV_SECRET, "environment"), (CALL_SECRET, "other call"))}
+    other = f"import time\nprint({CALL_SECRET!r}, input(), flush=True)\ntime.sleep(1.2)"
+    # Two of each: the pool sends each call to the template with fewest calls in flight, so
+    # each template holds one of the other calls when it starts a scan.
+    others = [pool.submit(other, CALL_SECRET + "\n") for _ in range(2)]
+    time.sleep(0.3)
+    scans = pool.run_batch([SCAN_MEMORY.format(wanted=wanted, mark=MARK)] * 2)
+    assert [f.result().status for f in others] == ["ok", "ok"]
+    for scan in scans:
+        assert scan.status == "ok" and scan.stdout == "[]\n", scan
+
+
+def test_memory_limit_covers_all_of_a_call(suite):
+    """800 MB over four processes, or 600 MB of memfd files (memory no process maps): each
+    process stays under its address-space limit, the call as a whole must not. Run after the
+    batch: filling memory needs CPU time that 60 concurrent calls would not leave it."""
+    forks = ("import os, time\npids = []\nfor _ in range(4):\n    pid = os.fork()\n"
+             "    if pid == 0:\n        x = b'x' * (200 << 20)\n        time.sleep(0.3)\n        os._exit(0)\n"
+             "    pids.append(pid)\nprint([os.waitpid(p, 0)[1] for p in pids])")
+    memfds = ("import os\nblock = b'x' * (15 << 20)\nfds = []\nfor _ in range(40):\n"
+              "    fds.append(os.memfd_create('m'))\n    os.write(fds[-1], block)\nprint(len(fds))")
+    for result in suite[1].run_batch([forks, memfds]):
+        assert result.status == "memory" and str(MEMORY_LIMIT) in result.detail, result
+
+
+def test_ipc_and_keys_do_not_outlive_their_call(suite):
+    """SysV shared memory, POSIX message queues and keyring entries made by one call are gone
+    for the next one (the calls run one after the other, on the same template and slot)."""
+    pool = suite[1]
+    add_key, keyctl = KEY_SYSCALLS
+    common = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.mq_open.restype = ctypes.c_int\n"
+    first = pool.run(common + f"""
+shm = libc.shmget(0x5EED, 1 << 20, 0o1666)
+libc.shmat.restype = ctypes.c_void_p
+ctypes.memset(libc.shmat(shm, None, 0), 7, 1 << 20)
+mq = libc.mq_open(b'/rstar2-probe', os.O_CREAT | os.O_RDWR, 0o666, None)
+key = libc.syscall({add_key}, b'user', b'rstar2-probe', b'secret', 6, -4)
+print(shm >= 0, mq >= 0, key >= 0 or os.strerror(ctypes.get_errno()))""")
+    assert first.status == "ok", first
+    # The call's own IPC objects work; the keyring is refused outright.
+    assert first.stdout == "True True Operation not permitted\n", first
+    second = pool.run(common + """
+print(libc.shmget(0x5EED, 0, 0), libc.mq_open(b'/rstar2-probe', os.O_RDONLY), 'rstar2-probe' in open('/proc/keys').read(),
+      len(open('/proc/sysvipc/shm').readlines()))""")
+    assert second.status == "ok" and second.stdout == "-1 -1 False 1\n", second
+
+
 def test_many_concurrent_timeouts_then_trivial_calls(suite):
-    _, pool, _, _ = suite
+    _, pool, _, _, _, _, _ = suite
     start = time.monotonic()
     results = pool.run_batch(["import time\ntime.sleep(100)"] * 100)
     elapsed = time.monotonic() - start

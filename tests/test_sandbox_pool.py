@@ -1,6 +1,9 @@
 """SandboxPool API, tool semantics, rendering, self-healing and the weaker isolation levels."""
 import os
+import shutil
 import signal
+import sys
+import tempfile
 import time
 
 import pytest
@@ -41,10 +44,13 @@ def test_traceback_points_at_user_code_only(pool):
 
 
 def test_calls_do_not_share_state(pool):
-    first = pool.run("open('secret.txt', 'w').write('x')\nimport os\nos.environ['LEAK'] = '1'\nprint(os.listdir('.'))")
-    assert first.stdout == "['secret.txt']\n"
-    second = pool.run("import os\nprint(os.listdir('.'), os.environ.get('LEAK'))")
-    assert second.stdout == "[] None\n"
+    # The scratch directory may also hold the top of an installation under /tmp (bound back).
+    first = pool.run("import os\nbefore = sorted(os.listdir('.'))\nopen('secret.txt', 'w').write('x')\n"
+                     "os.environ['LEAK'] = '1'\nprint(before, sorted(set(os.listdir('.')) - set(before)))")
+    before, added = first.stdout.rsplit("] [", 1)
+    assert added == "'secret.txt']\n"
+    second = pool.run("import os\nprint(sorted(os.listdir('.')), os.environ.get('LEAK'))")
+    assert second.stdout == f"{before}] None\n"
 
 
 def test_rngs_are_reseeded_per_call(pool):
@@ -70,6 +76,64 @@ def test_no_network_and_unprivileged(pool):
     lo, ifaces = result.stdout.splitlines()
     assert lo == "True 1"  # not root; PID 1 of its own namespace
     assert ifaces == "['lo']"
+
+
+def test_installation_anywhere_is_importable(monkeypatch):
+    """Modules first imported inside a call, wherever they are installed: package directories on
+    PYTHONPATH inside private home directories (0750 under /tmp, 0700 under /var/tmp), and sympy
+    itself imported from under /tmp, whose lazily imported submodules are what failed for a
+    virtual environment under /tmp (the call's scratch tmpfs on /tmp hid them)."""
+    import sympy
+
+    home_tmp = tempfile.mkdtemp(dir="/tmp", prefix="rstar2-home-")
+    home_var = tempfile.mkdtemp(dir="/var/tmp", prefix="rstar2-home-")  # 0700, as mkdtemp makes it
+    os.chmod(home_tmp, 0o750)
+    try:
+        sites = []
+        for home, name in ((home_tmp, "tmp"), (home_var, "var")):
+            site = os.path.join(home, "site-packages")
+            os.mkdir(site, 0o755)
+            with open(os.path.join(site, f"probe_{name}.py"), "w") as f:
+                f.write(f"VALUE = {name!r}\n")
+            sites.append(site)
+        os.symlink(os.path.dirname(sympy.__file__), os.path.join(sites[0], "sympy"))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sites))
+        with SandboxPool(num_workers=1, timeout_s=10.0) as pool:
+            imports = pool.run("import sys\nlazy = 'sympy.assumptions.wrapper' not in sys.modules\n"
+                               "import sympy, sympy.assumptions.wrapper, probe_tmp, probe_var\n"
+                               f"print(lazy, sympy.__file__.startswith({sites[0]!r}), probe_tmp.VALUE, probe_var.VALUE)")
+            read_only = pool.run(f"open({os.path.join(sites[0], 'new.py')!r}, 'w')")
+            scratch = pool.run("import os\nopen('mine', 'w').close()\nprint(sorted(os.listdir('/tmp')))")
+    finally:
+        shutil.rmtree(home_tmp)
+        shutil.rmtree(home_var)
+    assert imports.stdout == "True True tmp var\n", imports
+    assert read_only.status == "error" and "Read-only file system" in read_only.stderr, read_only
+    # The scratch space is still private and writable; the installation under /tmp shows in it.
+    assert scratch.stdout == f"{sorted(['mine', os.path.basename(home_tmp)])}\n", scratch
+
+
+def test_installation_that_calls_cannot_read_is_refused(monkeypatch, tmp_path):
+    from rstar2_jax.sandbox.filesystem import installation_paths
+
+    private = tmp_path / "private-site"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr("sys.path", sys.path + [str(private)])
+    with pytest.raises(PermissionError, match=f"{private}.*not readable by other users"):
+        installation_paths()
+    monkeypatch.setattr("sys.path", sys.path + ["/"])
+    with pytest.raises(ValueError, match="whole filesystem"):
+        installation_paths()
+
+
+def test_template_environment_is_built_not_inherited(monkeypatch):
+    from rstar2_jax.sandbox.pool import template_environment
+
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("PYTHONPATH", "relative/dir")
+    env = template_environment()
+    assert "HF_TOKEN" not in env and env.get("HOME") == os.environ.get("HOME")
+    assert env["PYTHONPATH"].split(os.pathsep)[1] == os.path.abspath("relative/dir")
 
 
 # -- API ---------------------------------------------------------------------------------------
@@ -147,6 +211,11 @@ def test_pool_starts_from_a_process_running_jax():
 
 
 # -- weaker isolation levels (forced) -----------------------------------------------------------
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
 @pytest.mark.parametrize("level", ["uid", "none"])
 def test_fallback_levels_contain_escapees_and_time_out(level):
     escapee = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)\n"
@@ -158,8 +227,8 @@ def test_fallback_levels_contain_escapees_and_time_out(level):
         assert results[2].stdout == "42\n"
         time.sleep(0.2)
         template = pool.health()["template_pids"][0]
-        with open(f"/proc/{template}/task/{template}/children") as f:
-            assert f.read().split() == []  # the setsid grandchild did not survive its call
+        zygote, = _children(template)  # the template's only child forks the calls
+        assert _children(zygote) == []  # the setsid grandchild did not survive its call
         if level == "uid":
             assert pool.run("import os\nprint(os.getuid())").stdout != "0\n"
 

@@ -6,8 +6,8 @@ Workloads, each run as a closed loop with the same number of calls in flight for
                combinatorics, plain loops), each importing what it uses
   numpy_sympy  calls that import numpy and sympy (what most math tool calls do)
 Pool overhead is the end-to-end latency of a call that does nothing, one call at a time.
-CPU per call (templates + their children, from /proc) does not depend on how busy the host is,
-so ``cores / cpu_per_call`` estimates the throughput of an idle machine.
+CPU per call (templates, their zygotes and the calls, from /proc) does not depend on how busy
+the host is, so ``cores / cpu_per_call`` estimates the throughput of an idle machine.
 
 Usage: python experiments/benchmarks/bench_sandbox.py [--workers N] [--concurrency C]
 """
@@ -70,11 +70,15 @@ def fresh_python(code: str) -> bool:
 
 
 def template_cpu_s(pids: list[int]) -> float:
-    """utime + stime + cutime + cstime of the templates (children are counted once reaped)."""
+    """utime + stime + cutime + cstime of the templates and their zygotes (the zygote forks and
+    reaps the calls, so a call's CPU is counted in its cutime/cstime once it has ended)."""
     total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15])
+    for template in pids:
+        with open(f"/proc/{template}/task/{template}/children") as f:
+            zygotes = [int(c) for c in f.read().split()]
+        for pid in [template] + zygotes:
+            with open(f"/proc/{pid}/stat") as f:
+                total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15])
     return total / os.sysconf("SC_CLK_TCK")
 
 

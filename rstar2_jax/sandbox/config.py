@@ -22,14 +22,17 @@ class SandboxConfig:
         rStar2 ran its tool with 4 s.
       cpu_s: RLIMIT_CPU of one call, seconds (catches C-level loops that ignore signals);
         defaults to ``ceil(timeout_s) + 1``.
-      memory_bytes: RLIMIT_AS of one call, bytes. It counts the forked template's address
-        space (~0.3 GiB with numpy and sympy), so keep it well above that.
+      memory_bytes: memory of one call, bytes: RLIMIT_AS of each of its processes (which
+        counts the forked template's address space, ~0.2 GiB with numpy and sympy, so keep it
+        well above that) and, where the template may create memory cgroups, the limit of the
+        cgroup that holds all of its processes (see docs/sandbox.md).
       max_processes: RLIMIT_NPROC of one call (processes and threads of its slot uid).
       max_file_bytes: RLIMIT_FSIZE, the largest file one call may write, bytes.
       max_open_files: RLIMIT_NOFILE of one call.
       output_limit_bytes: cap on each of stdout and stderr, bytes; a call that writes more is
         killed with status ``output_limit``. Only this much is ever buffered.
-      scratch_bytes: size of the call's private tmpfs working directory (namespaces level).
+      scratch_bytes: size of the call's private tmpfs ``/tmp``, its working directory
+        (namespaces level).
       slots_per_worker: calls one template supervises at once. Sleeping or timing-out calls
         hold a slot without using CPU, so slots are oversubscribed relative to cores.
       isolation: ``"auto"`` picks the strongest level the kernel grants; forcing a level

@@ -3,17 +3,20 @@
 Three levels, strongest first (``docs/sandbox.md`` states what each guarantees):
 
 - ``namespaces`` (root with CAP_SYS_ADMIN): the template lives in its own network namespace
-  (no interfaces, so no network), IPC namespace and mount namespace (host filesystem read-only,
-  unreadable ancestors of the Python installation replaced by a bind of just the installation).
-  Each call is PID 1 of a fresh PID namespace, so when it exits or is killed the kernel kills
-  every process it started, ``setsid`` or not; its working directory ``/tmp`` is a private
-  size-capped tmpfs (also mounted on ``/dev/shm``) that disappears with it.
+  (no interfaces, so no network) and mount namespace, whose root is a read-only view of the
+  Python installation and the system's programs only (``filesystem``). Each call is PID 1 of a
+  fresh PID namespace, so when it exits or is killed the kernel kills every process it
+  started, ``setsid`` or not; it has its own IPC namespace (SysV shared memory and message
+  queues die with it) and mount namespace, with a private size-capped tmpfs on ``/tmp``.
 - ``uid`` (root without namespaces): each call runs as its own slot uid; escapees are found
   by uid in ``/proc`` and killed; the scratch directory is a plain directory removed
   afterwards. No network cut, no size cap on scratch beyond RLIMIT_FSIZE.
 - ``none`` (unprivileged): rlimits only; the call's process group and any orphan reparented to
-  the template (it is a child subreaper) are killed. RLIMIT_NPROC counts every process of the
+  the zygote (it is a child subreaper) are killed. RLIMIT_NPROC counts every process of the
   user, so it is not set; a fork bomb is stopped only by the wall deadline.
+
+At every level a call runs with ``no_new_privs`` and the seccomp filter of ``seccomp``, and,
+where the host lets the template create memory cgroups, inside its slot's cgroup (``cgroup``).
 
 Everything here runs in a template process or in a call's child, never in the pool's parent.
 Python 3.11 has no ``os.unshare``/``os.setns``, hence ctypes.
@@ -24,8 +27,6 @@ import ctypes
 import os
 import resource
 import signal
-import stat
-import sys
 
 from rstar2_jax.sandbox.config import SandboxConfig
 
@@ -36,13 +37,17 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
-MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+# pivot_root has no libc wrapper; its number differs between the architectures JAX runs on.
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine, -1)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -66,58 +71,22 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
                        ctypes.c_ulong(flags), data.encode() if data else None), f"mount {target}")
 
 
-def prctl(option: int, arg: int) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), "prctl")
+def prctl(option: int, arg2: int, arg3: int = 0) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), 0, 0), "prctl")
 
 
-def _unreadable_ancestor(path: str) -> str | None:
-    """The highest ancestor of ``path`` that other users cannot traverse, if any."""
-    found = None
-    parts = os.path.realpath(path).split(os.sep)
-    for i in range(2, len(parts)):
-        ancestor = os.sep.join(parts[:i])
-        try:
-            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
-                found = found or ancestor
-        except FileNotFoundError:
-            break
-    return found
+def pivot_root(new_root: str, put_old: str) -> None:
+    _check(_libc.syscall(_SYS_PIVOT_ROOT, new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def _python_roots() -> list[str]:
-    """Directories the call's interpreter must read: installation prefixes and sys.path."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    roots = sorted({os.path.realpath(p) for p in paths})
-    # Drop roots nested in another root: binding the outer one exposes them.
-    return [r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots)]
+def umount_detached(target: str) -> None:
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
 
 
-def setup_template_namespaces() -> None:
-    """Move the calling template into private net/IPC/mount namespaces. Raises OSError if denied.
-
-    Mount view afterwards: ``/`` read-only (a per-mount bind flag, the host is unaffected); each
-    directory that hides the Python installation from other users (here ``/root``, mode 0700)
-    is covered by an empty tmpfs into which only the needed directories are bound back, so a
-    call running as a slot uid can import any module but cannot see the rest of ``/root``.
-    """
-    unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)
-    mount("none", "/", None, MS_REC | MS_PRIVATE)
-    os.chdir("/")
-    roots = _python_roots()
-    covers = sorted({a for a in map(_unreadable_ancestor, roots) if a})
-    staging = "/dev/shm"  # a tmpfs that exists everywhere; replaced per call anyway
-    mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
-    hidden = [r for r in roots if any(r.startswith(c + os.sep) for c in covers)]
-    for i, root in enumerate(hidden):
-        os.mkdir(f"{staging}/{i}")
-        mount(root, f"{staging}/{i}", None, MS_BIND | MS_REC)
-    for cover in covers:
-        mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    for i, root in enumerate(hidden):
-        os.makedirs(root, mode=0o755, exist_ok=True)
-        mount(f"{staging}/{i}", root, None, MS_MOVE)
-    mount("none", "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+def set_no_new_privs() -> None:
+    """Nothing this process or its children execute can gain privileges (setuid bits, file
+    capabilities); also what lets an unprivileged process install a seccomp filter."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
 def probe_pid_namespace(orig_pidns_fd: int) -> None:
@@ -147,20 +116,6 @@ def drop_privileges(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-
-
-def enter_call_namespaces(scratch_bytes: int, uid: int) -> str:
-    """In the call's child (PID 1 of its new PID namespace): private /tmp, /dev/shm and /proc.
-
-    Returns the working directory. Everything mounted here vanishes with the namespace.
-    """
-    unshare(CLONE_NEWNS)
-    opts = f"size={scratch_bytes},mode=0700,uid={uid},gid={uid}"
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    mount("/tmp", "/dev/shm", None, MS_BIND)
-    # A /proc of this namespace only: the call cannot see or signal host processes by pid.
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
-    return "/tmp"
 
 
 def processes_of_uid(uid: int) -> list[int]:

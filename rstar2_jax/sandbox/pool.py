@@ -11,10 +11,12 @@ to create from a process that already runs JAX):
 Sending and receiving live in different threads so that a template blocked on sending a large
 result can never deadlock against a parent blocked on sending it a large request.
 
-Templates are fresh interpreters (``python -m rstar2_jax.sandbox.template``) rather than
+Templates are fresh interpreters (``python -P -m rstar2_jax.sandbox.template``) rather than
 ``multiprocess`` spawn children: spawn re-imports the parent's ``__main__``, which in a training
-script imports JAX and numpy before the BLAS thread pin could apply. The channel to each
-template is a pair of ``multiprocess.connection`` pipes carrying JSON bytes, never pickles.
+script imports JAX and numpy before the BLAS thread pin could apply. Their environment is built
+from nothing (``template_environment``), never copied from the caller, so no token or key of the
+trainer reaches a template's memory, and so none reaches a call's. The channel to each template
+is a pair of ``multiprocess.connection`` pipes carrying JSON bytes, never pickles.
 """
 from __future__ import annotations
 
@@ -65,6 +67,24 @@ class _Worker:
     inflight: dict[int, tuple[_Pending, float]] = dataclasses.field(default_factory=dict)
 
 
+# The caller's variables that say where the interpreter and its packages are; nothing else of
+# its environment is passed on.
+_LOCATION_VARIABLES = ("HOME", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH")
+
+
+def template_environment() -> dict[str, str]:
+    """The environment of a template, built from scratch: fixed settings, the location
+    variables of the caller, and a PYTHONPATH that finds this package first (relative entries
+    resolved against the caller's working directory, since templates run in ``/``)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(rstar2_jax.__file__)))
+    python_path = [package_root] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {name: os.environ[name] for name in _LOCATION_VARIABLES if name in os.environ}
+    env.update(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8", PYTHONHASHSEED="0",
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(python_path))
+    return env
+
+
 def _uid_base() -> int:
     # Distinct pools (in this or other processes) get distinct slot uids, so RLIMIT_NPROC of
     # one pool's calls never counts another's processes. Above 65535: clear of real users.
@@ -99,6 +119,9 @@ class SandboxPool:
         if self.num_workers * self.config.slots_per_worker > _UID_BLOCK:
             raise ValueError(f"num_workers * slots_per_worker must be <= {_UID_BLOCK}")
         self._uid_base = _uid_base()
+        # Built once: a replacement template starts exactly like the first ones.
+        self._env = template_environment()
+        self.memory_limit: str | None = None
         self._lock = threading.Condition()
         self._queue: collections.deque[_Pending] = collections.deque()
         self._ids = itertools.count()
@@ -157,13 +180,15 @@ class SandboxPool:
             return out
 
     def health(self) -> dict:
-        """Liveness: live templates and their pids, isolation level, the uids calls run as,
-        queued and in-flight calls."""
+        """Liveness: live templates and their pids, isolation level, how a call's memory is
+        bounded ("cgroup v1", "cgroup v2" or "rlimit"), the uids calls run as, queued and
+        in-flight calls."""
         with self._lock:
             live = [w for w in self._workers if w.ready and not w.dead]
             return {"healthy": len(live) == self.num_workers and not self._closing,
                     "workers": self.num_workers, "live_workers": len(live),
                     "template_pids": [w.pid for w in live], "isolation": self.level,
+                    "memory_limit": self.memory_limit,
                     "slot_uids": (self._uid_base, self._uid_base + self.num_workers * self.config.slots_per_worker - 1),
                     "queued": len(self._queue),
                     "in_flight": sum(len(w.inflight) for w in self._workers)}
@@ -208,14 +233,11 @@ class SandboxPool:
     def _spawn(self, index: int) -> _Worker:
         to_template_r, to_template_w = os.pipe()
         from_template_r, from_template_w = os.pipe()
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(rstar2_jax.__file__)))
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYTHONHASHSEED="0",
-                   PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-        argv = [sys.executable, "-m", "rstar2_jax.sandbox.template", str(to_template_r),
+        # -P: the working directory ("/") is not put on sys.path (calls would see all of it).
+        argv = [sys.executable, "-P", "-m", "rstar2_jax.sandbox.template", str(to_template_r),
                 str(from_template_w), str(index), str(self._uid_base), self.config.to_json()]
         # subprocess uses fork+exec in C with no Python running in between: safe beside JAX threads.
-        proc = subprocess.Popen(argv, pass_fds=(to_template_r, from_template_w), env=env, cwd="/",
+        proc = subprocess.Popen(argv, pass_fds=(to_template_r, from_template_w), env=self._env, cwd="/",
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         os.close(to_template_r)
         os.close(from_template_w)
@@ -269,10 +291,12 @@ class SandboxPool:
             with self._lock:
                 worker.ready, worker.pid = True, message["pid"]
                 if self.level is None:
-                    self.level = message["level"]
-                elif message["level"] != self.level:
+                    self.level, self.memory_limit = message["level"], message["memory"]
+                elif (message["level"], message["memory"]) != (self.level, self.memory_limit):
                     # Isolation must not silently weaken when a template is replaced.
-                    self._startup_error = f"template started at level {message['level']!r}, pool is {self.level!r}"
+                    self._startup_error = (f"template started with isolation {message['level']!r} and memory "
+                                           f"limit {message['memory']!r}; the pool has {self.level!r} and "
+                                           f"{self.memory_limit!r}")
                     worker.proc.kill()
                 self._lock.notify_all()
         elif op == "fatal":

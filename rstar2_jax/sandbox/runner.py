@@ -16,14 +16,13 @@ import random
 import sys
 import traceback
 
-from rstar2_jax.sandbox import containment
-from rstar2_jax.sandbox.config import SandboxConfig
+from rstar2_jax.sandbox import containment, filesystem, seccomp
 
 SOURCE_NAME = "<tool_code>"
-# Written to the status fd just before exit, so the template can tell a MemoryError from any
-# other failure without parsing stderr. A call that closes the fd or dies first reports nothing
-# and is classified from its exit status instead.
-STATUS_OK, STATUS_ERROR, STATUS_MEMORY, STATUS_SETUP_FAILED = b"ok", b"error", b"memory", b"setup"
+# Written to the ready descriptor (fd 3) once the call's process is set up, which is then closed
+# before any of the call's code runs: the call can neither fake it nor write to it later. A call
+# that never wrote it failed during setup (the pool's fault, a ``sandbox_error``).
+READY = b"R"
 
 _CALL_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -82,8 +81,8 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
 
-def run_code(code: str) -> tuple[int, bytes]:
-    """Run ``code`` as a program; return (exit code, status tag). Never raises."""
+def run_code(code: str) -> int:
+    """Run ``code`` as a program; return its exit code. Never raises."""
     linecache.cache[SOURCE_NAME] = (len(code), None, code.splitlines(True), SOURCE_NAME)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -96,45 +95,59 @@ def run_code(code: str) -> tuple[int, bytes]:
             value = eval(compile(last, SOURCE_NAME, "eval"), namespace)
             if value is not None and _nothing_printed():
                 print(repr(value))
-        return 0, STATUS_OK
+        return 0
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
-            return 0, STATUS_OK
+            return 0
         if isinstance(exc.code, int):
-            return exc.code & 0xFF, STATUS_ERROR
+            return exc.code & 0xFF
         print(exc.code, file=sys.stderr)
-        return 1, STATUS_ERROR
-    except MemoryError as exc:
-        _print_user_traceback(exc)
-        return 1, STATUS_MEMORY
+        return 1
     except BaseException as exc:  # the model's code may raise anything, KeyboardInterrupt included
         _print_user_traceback(exc)
-        return 1, STATUS_ERROR
+        return 1
 
 
-def child_main(code: str, stdin_fd: int, stdout_fd: int, stderr_fd: int, status_fd: int,
-               config: SandboxConfig, level: str, uid: int, scratch: str | None) -> None:
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int, stdout_fd: int,
+               stderr_fd: int, ready_fd: int) -> None:
     """Set up the call's process and run it; never returns.
 
     Args:
-      stdin_fd, stdout_fd, stderr_fd, status_fd: descriptors inherited from the template,
-        moved to 0, 1, 2 and 3; every other inherited descriptor is closed so the call cannot
-        touch the template's channel or other calls' pipes.
-      level: isolation level (see ``containment``); ``uid`` is the call's slot uid (unused at
-        level ``none``); ``scratch`` is its working directory for levels without namespaces.
+      spec: the zygote's ``CallSpec`` (limits, level, slot uids and cgroups, seccomp filter).
+      slot: the call's slot; ``scratch`` its working directory for levels without namespaces.
+      code_fd: a memfd holding the code (UTF-8; lone surrogates kept, so compiling them fails
+        in the call as it would for any program).
+      stdin_fd, stdout_fd, stderr_fd, ready_fd: moved to 0, 1, 2 and 3; every other inherited
+        descriptor is closed, and fd 3 is closed after ``READY`` is written to it.
     """
+    config, level, uid = spec.config, spec.level, spec.uids[slot]
     try:
         containment.prctl(containment.PR_SET_PDEATHSIG, 9)
         os.setsid()
-        for src, dst in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2), (status_fd, 3)):
+        if spec.cgroup_procs is not None:
+            # First, so that everything the call allocates, in any process, is charged to its slot.
+            os.write(spec.cgroup_procs[slot], b"0")
+        code = _read_all(code_fd).decode("utf-8", errors="surrogatepass")
+        for src, dst in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2), (ready_fd, 3)):
             os.dup2(src, dst)
         os.closerange(4, os.sysconf("SC_OPEN_MAX"))
         if level == "namespaces":
-            scratch = containment.enter_call_namespaces(config.scratch_bytes, uid)
+            containment.unshare(containment.CLONE_NEWNS | containment.CLONE_NEWIPC)
+            scratch = filesystem.enter_call_filesystem(config.scratch_bytes, uid, list(spec.rebind))
         os.chdir(scratch)
         containment.set_call_limits(config, level)
         if level != "none":
             containment.drop_privileges(uid)
+        containment.set_no_new_privs()
+        if spec.seccomp_filter is not None:
+            seccomp.install(spec.seccomp_filter)
         os.environ.clear()
         os.environ.update(_CALL_ENV, HOME=scratch, TMPDIR=scratch)
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
@@ -146,23 +159,15 @@ def child_main(code: str, stdin_fd: int, stdout_fd: int, stderr_fd: int, status_
         sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                       encoding="utf-8", errors="backslashreplace", line_buffering=True)
         _reseed_rngs()
+        os.write(3, READY)
+        os.close(3)
     except BaseException as exc:  # before any user code: the pool's fault, a sandbox error
         os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
-        for fd in (status_fd, 3):
-            try:
-                os.write(fd, STATUS_SETUP_FAILED)
-                break
-            except OSError:
-                continue
         os._exit(1)
-    exit_code, status = run_code(code)
+    exit_code = run_code(code)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:  # the code closed or broke its own stream; its output is lost
             pass
-    try:
-        os.write(3, status)
-    except OSError:
-        pass
     os._exit(exit_code)

@@ -1,18 +1,21 @@
-"""A template process: a warm, single-threaded, JAX-free interpreter that forks one child per call.
+"""A template process: a warm, single-threaded, JAX-free interpreter that supervises the calls
+of one worker of the pool.
 
-Started by the pool as ``python -m rstar2_jax.sandbox.template <in_fd> <out_fd> <worker>
-<uid_base> <config-json>`` with BLAS threads pinned to 1. It imports and exercises the usual
-math modules once, so a forked call starts warm (~3 ms instead of ~0.4 s for a fresh
-interpreter that imports numpy and sympy), then serves requests from its channel.
+Started by the pool as ``python -P -m rstar2_jax.sandbox.template <in_fd> <out_fd> <worker>
+<uid_base> <config-json>`` with an environment built from scratch (``pool``). It imports and
+exercises the usual math modules once, sets up its containment (memory cgroups, namespaces, the
+minimal root), then forks the zygote (``zygote``): a warm copy that has seen no call, from which
+every call is forked (~3 ms instead of ~0.4 s for a fresh interpreter that imports numpy and
+sympy). The template itself never forks a call, so nothing it holds is in any call's memory.
 
-Up to ``slots_per_worker`` calls run at once; one ``poll`` loop watches every call's stdout,
-stderr and pidfd and the nearest deadline, so a sleeping call never blocks the others. A call
-ends when its process exits (pidfd) or its deadline passes, never on pipe EOF: a grandchild
-holding stdout open cannot stall it.
+Up to ``slots_per_worker`` calls run at once; one ``poll`` loop watches every call's stdout and
+stderr, the zygote's reports and the nearest deadline, so a sleeping call never blocks the
+others. A call ends when its process exits (reaped by the zygote) or its deadline passes, never
+on pipe EOF: a grandchild holding stdout open cannot stall it.
 
 Channel protocol (length-prefixed JSON via ``multiprocess.connection``; nothing is pickled):
   pool -> template: {"op": "run", "id": int, "code": str, "stdin": str} | {"op": "shutdown"}
-  template -> pool: {"op": "ready", "level": str, "pid": int}
+  template -> pool: {"op": "ready", "level": str, "memory": str, "pid": int}
                     | {"op": "result", "id": int, "result": ExecResult.to_dict()}
                     | {"op": "fatal", "error": str}
 """
@@ -20,28 +23,53 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gc
 import json
 import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
 
 from multiprocess.connection import Connection
 
-from rstar2_jax.sandbox import containment, runner
+import rstar2_jax
+from rstar2_jax.sandbox import containment, filesystem, runner, seccomp, zygote
+from rstar2_jax.sandbox.cgroup import SlotCgroups
 from rstar2_jax.sandbox.config import SandboxConfig
 from rstar2_jax.sandbox.result import ExecResult, sandbox_error
 
 _READ_CHUNK = 1 << 16
-_LAUNCHES_PER_TURN = 4
+# Calls handed to the zygote and not yet forked. Few, so that the template never blocks on the
+# zygote's socket (whose queue holds 10 messages) and keeps killing calls at their deadline
+# while the zygote forks: forks are slow on a loaded host.
+_STARTING_MAX = 4
 
 
-def _has_exited(pid: int) -> bool:
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+def _has_exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _ends_with_memory_error(stderr: str) -> bool:
+    """Whether the last line of ``stderr`` is an uncaught MemoryError (or a subclass such as
+    numpy's), as the runner prints it: what the call itself says, not what the kernel saw."""
+    exception = stderr.rstrip("\n").rpartition("\n")[2].partition(":")[0]
+    return exception.endswith("MemoryError") and " " not in exception
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def warm_up() -> None:
@@ -74,14 +102,14 @@ def warm_up() -> None:
 class _Call:
     id: int
     slot: int
-    pid: int
-    pidfd: int
     out_fd: int
     err_fd: int
-    status_fd: int
-    start: float
-    deadline: float
+    ready_fd: int
     scratch: str | None
+    oom_kills: int  # the slot cgroup's count when the call started
+    pidfd: int | None = None  # known once the zygote has forked it
+    start: float = 0.0
+    deadline: float = float("inf")
     out: bytearray = dataclasses.field(default_factory=bytearray)
     err: bytearray = dataclasses.field(default_factory=bytearray)
     out_truncated: bool = False
@@ -90,88 +118,94 @@ class _Call:
 
 
 class Template:
-    def __init__(self, conn_in: Connection, conn_out: Connection, config: SandboxConfig,
-                 worker: int, uid_base: int, level: str):
+    def __init__(self, conn_in: Connection, conn_out: Connection, spec: zygote.CallSpec,
+                 memory: SlotCgroups | None):
         self.conn_in, self.conn_out = conn_in, conn_out
-        self.config, self.level = config, level
-        self.uids = [uid_base + worker * config.slots_per_worker + s for s in range(config.slots_per_worker)]
-        self.free_slots = list(range(config.slots_per_worker))
+        self.spec, self.config, self.level, self.memory = spec, spec.config, spec.level, memory
+        self.free_slots = list(range(self.config.slots_per_worker))
         self.pending: collections.deque[dict] = collections.deque()
-        self.calls: dict[int, _Call] = {}  # by pidfd
+        self.calls: dict[int, _Call] = {}  # by call id
         self.fd_owner: dict[int, tuple[_Call, str]] = {}
-        self.poller = select.poll()
-        self.poller.register(conn_in.fileno(), select.POLLIN)
-        self.orig_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.scratch_root = None
-        if level != "namespaces":
+        if self.level != "namespaces":
             self.scratch_root = tempfile.mkdtemp(prefix="rstar2-sandbox-")
             os.chmod(self.scratch_root, 0o711)  # slot uids may enter their own subdirectory only
+        self.zygote_pid, self.zygote = zygote.start(spec, [conn_in.fileno(), conn_out.fileno()])
+        self.poller = select.poll()
+        self.poller.register(conn_in.fileno(), select.POLLIN)
+        self.poller.register(self.zygote.fileno(), select.POLLIN)
         self.running = True
 
     # -- calls -------------------------------------------------------------------------------
     def launch(self, request: dict) -> None:
-        """Fork the call's child. If the host refuses (no fds, no memory, fork limit), the call
-        resolves as ``sandbox_error`` and the template keeps serving."""
+        """Hand the call to the zygote. A call that cannot start (stdin that is not text, the
+        host out of descriptors or memory) resolves alone; the template keeps serving."""
+        try:
+            stdin = request["stdin"].encode("utf-8")
+        except UnicodeEncodeError as exc:
+            self.send_result(request["id"], ExecResult(
+                status="error", stderr=f"the call's stdin is not valid text: {exc}\n",
+                detail="stdin holds a lone surrogate code point, which no program can read"))
+            return
         slot = self.free_slots.pop()
-        uid = self.uids[slot]
         opened: list[int] = []
         scratch = None
         try:
-            stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-            opened.append(stdin_fd)
-            os.write(stdin_fd, request["stdin"].encode("utf-8", errors="surrogateescape"))
-            os.lseek(stdin_fd, 0, os.SEEK_SET)
-            (out_r, out_w), (err_r, err_w), (st_r, st_w) = (os.pipe2(os.O_CLOEXEC) for _ in range(3))
-            opened += [out_r, out_w, err_r, err_w, st_r, st_w]
+            # Lone surrogates in the code are kept (surrogatepass): compiling it then fails in
+            # the call with Python's own message, as it would for any program.
+            opened.append(_memfd("code", request["code"].encode("utf-8", errors="surrogatepass")))
+            opened.append(_memfd("stdin", stdin))
+            (out_r, out_w), (err_r, err_w), (ready_r, ready_w) = (os.pipe2(os.O_CLOEXEC) for _ in range(3))
+            opened += [out_w, err_w, ready_w, out_r, err_r, ready_r]
             if self.scratch_root is not None:
                 scratch = os.path.join(self.scratch_root, f"{request['id']}")
                 os.mkdir(scratch, 0o700)
                 if self.level == "uid":
-                    os.chown(scratch, uid, uid)
-            pid = self._fork(request["code"], stdin_fd, out_w, err_w, st_w, uid, scratch)
-            start = time.monotonic()
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise
+                    os.chown(scratch, self.spec.uids[slot], self.spec.uids[slot])
+            oom_kills = self.memory.oom_kills(slot) if self.memory is not None else 0
+            message = {"id": request["id"], "slot": slot, "scratch": scratch}
+            socket.send_fds(self.zygote, [json.dumps(message).encode()], opened[:5])
         except OSError as exc:
             for fd in opened:
                 os.close(fd)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
             self.free_slots.append(slot)
-            self.send({"op": "result", "id": request["id"],
-                       "result": sandbox_error(f"could not start the call: {exc}").to_dict()})
+            self.send_result(request["id"], sandbox_error(f"could not start the call: {exc}"))
             return
-        for fd in (stdin_fd, out_w, err_w, st_w):
+        for fd in opened[:5]:
             os.close(fd)
-        for fd in (out_r, err_r, st_r):
+        for fd in (out_r, err_r, ready_r):
             os.set_blocking(fd, False)
-        call = _Call(request["id"], slot, pid, pidfd, out_r, err_r, st_r, start,
-                     start + self.config.timeout_s, scratch)
-        self.calls[pidfd] = call
-        for fd, kind in ((out_r, "out"), (err_r, "err"), (pidfd, "exit")):
+        call = _Call(request["id"], slot, out_r, err_r, ready_r, scratch, oom_kills)
+        self.calls[call.id] = call
+        for fd, kind in ((out_r, "out"), (err_r, "err")):
             self.fd_owner[fd] = (call, kind)
             self.poller.register(fd, select.POLLIN)
 
-    def _fork(self, code: str, stdin_fd: int, out_w: int, err_w: int, st_w: int, uid: int,
-              scratch: str | None) -> int:
-        if self.level == "namespaces":
-            # New PID namespace for the next child only; switched back right after the fork.
-            containment.unshare(containment.CLONE_NEWPID)
-        try:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    runner.child_main(code, stdin_fd, out_w, err_w, st_w, self.config, self.level, uid, scratch)
-                finally:  # the child must never fall back into the template's loop
-                    os._exit(1)
-        finally:
-            if self.level == "namespaces":
-                containment.setns(self.orig_pidns, containment.CLONE_NEWPID)
-        return pid
+    def on_zygote(self) -> None:
+        """Handle every report the zygote has sent so far."""
+        while True:
+            try:
+                message, fds = zygote.receive(self.zygote, 1, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            if not message:
+                raise RuntimeError("the zygote died")
+            self.on_report(json.loads(message), fds)
+
+    def on_report(self, message: dict, fds: list[int]) -> None:
+        call = self.calls[message["id"]]
+        if "start" in message:
+            call.pidfd, call.start = fds[0], message["start"]
+            call.deadline = call.start + self.config.timeout_s
+            if call.forced is not None:  # its output passed the cap before its pid arrived
+                self.kill(call, call.forced)
+        elif "error" in message:
+            self.release(call)
+            self.send_result(call.id, sandbox_error(f"could not start the call: {message['error']}"))
+        else:
+            self.finish(call, message["exit"], message["cpu"])
 
     def read_stream(self, call: _Call, kind: str) -> None:
         """Read what is available (non-blocking); kill the call if it passes the byte cap."""
@@ -198,75 +232,75 @@ class Template:
     def kill(self, call: _Call, reason: str) -> None:
         if call.forced is None:
             call.forced = reason
-        # namespaces: the call is PID 1 of its namespace, so this kills everything it started.
-        os.kill(call.pid, signal.SIGKILL)
+        if call.pidfd is None:
+            return  # killed as soon as the zygote reports its pid
+        try:
+            # namespaces: the call is PID 1 of its namespace, so this kills everything it started.
+            signal.pidfd_send_signal(call.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.sweep(call)
 
     def sweep(self, call: _Call) -> None:
-        """Kill what the call left behind (levels without a PID namespace)."""
+        """``uid`` level: kill every process of the call's slot uid (the zygote sweeps ``none``)."""
         if self.level == "uid":
-            containment.kill_uid(self.uids[call.slot])
-        elif self.level == "none":
-            try:
-                os.killpg(call.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            # Orphans of the call were reparented to us (child subreaper): kill and reap them.
-            live = {c.pid for c in self.calls.values()}
-            for pid in containment.children_of(os.getpid()):
-                if pid not in live:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                    except (ProcessLookupError, ChildProcessError):
-                        pass
+            containment.kill_uid(self.spec.uids[call.slot])
 
-    def finish(self, call: _Call) -> None:
-        _, wait_status, rusage = os.wait4(call.pid, 0)
+    def release(self, call: _Call) -> None:
+        """Close the call's descriptors and free its slot."""
+        for fd in (call.out_fd, call.err_fd):
+            if fd in self.fd_owner:
+                self.poller.unregister(fd)
+                del self.fd_owner[fd]
+        for fd in (call.out_fd, call.err_fd, call.ready_fd, call.pidfd):
+            if fd is not None:
+                os.close(fd)
+        del self.calls[call.id]
+        if call.scratch is not None:
+            shutil.rmtree(call.scratch, ignore_errors=True)
+        self.free_slots.append(call.slot)
+
+    def finish(self, call: _Call, wait_status: int, cpu: float) -> None:
         wall = time.monotonic() - call.start
         self.sweep(call)
         for kind, fd in (("out", call.out_fd), ("err", call.err_fd)):
             if fd in self.fd_owner:
                 self.read_stream(call, kind)
         try:
-            tag = os.read(call.status_fd, 64)
+            ready = os.read(call.ready_fd, len(runner.READY))
         except BlockingIOError:
-            tag = b""
-        for fd in (call.out_fd, call.err_fd, call.pidfd):
-            if fd in self.fd_owner:
-                self.poller.unregister(fd)
-                del self.fd_owner[fd]
-        for fd in (call.out_fd, call.err_fd, call.status_fd, call.pidfd):
-            os.close(fd)
-        del self.calls[call.pidfd]
-        if call.scratch is not None:
-            shutil.rmtree(call.scratch, ignore_errors=True)
-        self.free_slots.append(call.slot)
-        result = self.classify(call, wait_status, tag, wall, rusage.ru_utime + rusage.ru_stime)
-        self.send({"op": "result", "id": call.id, "result": result.to_dict()})
+            ready = b""
+        oom = self.memory is not None and self.memory.oom_kills(call.slot) > call.oom_kills
+        self.release(call)
+        self.send_result(call.id, self.classify(call, wait_status, ready == runner.READY, oom, wall, cpu))
 
-    def classify(self, call: _Call, wait_status: int, tag: bytes, wall: float, cpu: float) -> ExecResult:
+    def classify(self, call: _Call, wait_status: int, ready: bool, oom: bool, wall: float,
+                 cpu: float) -> ExecResult:
         exit_code = os.waitstatus_to_exitcode(wait_status)
         sig = -exit_code if exit_code < 0 else None
+        stderr = call.err.decode("utf-8", errors="replace")
         status, detail = "error", ""
-        if call.forced == "timeout":
+        if oom:  # the kernel's word; the call may have hit its deadline or cap while dying
+            status = "memory"
+            detail = f"its processes together exceeded the {self.config.memory_bytes}-byte memory limit"
+        elif call.forced == "timeout":
             status, detail = "timeout", f"exceeded the {self.config.timeout_s:g} s wall-clock limit"
         elif call.forced == "output_limit":
             status, detail = "output_limit", f"more than {self.config.output_limit_bytes} bytes on one stream"
-        elif tag == runner.STATUS_SETUP_FAILED:
+        elif not ready:
             status, detail = "sandbox_error", "call setup failed"
         elif sig == signal.SIGXCPU:
             status, detail = "timeout", f"exceeded the {self.config.cpu_limit_s} s CPU-time limit"
         elif sig is not None:
             status = "killed"
-        elif tag == runner.STATUS_MEMORY:
+        elif exit_code == 1 and _ends_with_memory_error(stderr):
             status = "memory"
         elif exit_code == 0:
             status = "ok"
         return ExecResult(
             status=status,
             stdout=call.out.decode("utf-8", errors="replace"),
-            stderr=call.err.decode("utf-8", errors="replace"),
+            stderr=stderr,
             wall_s=wall, cpu_s=cpu,
             exit_code=None if sig is not None else exit_code, signal=sig,
             stdout_truncated=call.out_truncated, stderr_truncated=call.err_truncated,
@@ -275,6 +309,9 @@ class Template:
     # -- channel -----------------------------------------------------------------------------
     def send(self, message: dict) -> None:
         self.conn_out.send_bytes(json.dumps(message).encode())
+
+    def send_result(self, call_id: int, result: ExecResult) -> None:
+        self.send({"op": "result", "id": call_id, "result": result.to_dict()})
 
     def receive(self) -> None:
         while self.running and self.conn_in.poll(0):
@@ -289,62 +326,70 @@ class Template:
                 self.pending.append(message)
 
     def serve(self) -> None:
-        while self.running:
-            # A few launches per turn: forks are slow on a loaded host and calls already running
-            # must have their exits and output handled meanwhile.
-            for _ in range(min(_LAUNCHES_PER_TURN, len(self.pending), len(self.free_slots))):
-                self.launch(self.pending.popleft())
-            deadlines = [c.deadline for c in self.calls.values() if c.forced is None]
-            if self.pending and self.free_slots:
-                timeout_ms = 0
-            elif deadlines:
-                timeout_ms = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
-            else:
-                timeout_ms = None
-            for fd, _ in self.poller.poll(timeout_ms):
-                if fd == self.conn_in.fileno():
-                    self.receive()
-                    continue
-                owner = self.fd_owner.get(fd)
-                if owner is None:
-                    continue  # already finished earlier in this batch of events
-                call, kind = owner
-                if kind == "exit":
-                    self.finish(call)
-                else:
-                    self.read_stream(call, kind)
-            now = time.monotonic()
+        try:
+            while self.running:
+                self.turn()
+        finally:
             for call in list(self.calls.values()):
-                # A call that exited before its deadline is finished on its pidfd event, not
-                # killed: however late we look, it did not time out.
-                if call.forced is None and now >= call.deadline and not _has_exited(call.pid):
-                    self.kill(call, "timeout")
+                self.kill(call, "timeout")
+            self.zygote.close()  # the zygote kills and reaps what is left, then exits
+            os.waitpid(self.zygote_pid, 0)
+            if self.scratch_root is not None:
+                shutil.rmtree(self.scratch_root, ignore_errors=True)
+            if self.memory is not None:
+                self.memory.remove()
+
+    def turn(self) -> None:
+        starting = sum(c.pidfd is None for c in self.calls.values())
+        for _ in range(min(_STARTING_MAX - starting, len(self.pending), len(self.free_slots))):
+            self.launch(self.pending.popleft())
+        deadlines = [c.deadline for c in self.calls.values() if c.forced is None and c.pidfd is not None]
+        if deadlines:
+            timeout_ms = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+        else:
+            timeout_ms = None
+        for fd, _ in self.poller.poll(timeout_ms):
+            if fd == self.conn_in.fileno():
+                self.receive()
+            elif fd == self.zygote.fileno():
+                self.on_zygote()
+            elif fd in self.fd_owner:  # else finished earlier in this batch of events
+                call, kind = self.fd_owner[fd]
+                self.read_stream(call, kind)
+        now = time.monotonic()
         for call in list(self.calls.values()):
-            os.kill(call.pid, signal.SIGKILL)
-            self.sweep(call)
-            os.waitpid(call.pid, 0)
-        if self.scratch_root is not None:
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
+            # A call that exited before its deadline is finished on the zygote's report, not
+            # killed: however late we look, it did not time out.
+            if call.forced is None and now >= call.deadline and not _has_exited(call.pidfd):
+                self.kill(call, "timeout")
 
 
-def choose_level(requested: str) -> str:
-    """Set up the strongest isolation allowed (or the requested one); return its name."""
+def _enter_namespaces(paths: list[str]) -> int:
+    """``namespaces`` level: private network and mount namespaces, the minimal root, and a check
+    that per-call PID namespaces work. Returns a descriptor of this PID namespace. Raises OSError
+    when the kernel refuses."""
+    pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    containment.unshare(containment.CLONE_NEWNS | containment.CLONE_NEWNET)
+    containment.probe_pid_namespace(pidns)
+    filesystem.enter_minimal_root(paths)
+    return pidns
+
+
+def choose_level(requested: str, paths: list[str]) -> tuple[str, int | None]:
+    """Set up the strongest isolation allowed (or the requested one) for a call's view of
+    ``paths`` (the installation); return its name and, at the ``namespaces`` level, the
+    descriptor of this PID namespace."""
     if requested in ("auto", "namespaces"):
         try:
-            containment.setup_template_namespaces()
-            fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
-            containment.probe_pid_namespace(fd)
-            os.close(fd)
-            return "namespaces"
+            return "namespaces", _enter_namespaces(paths)
         except OSError:
             if requested == "namespaces":
                 raise
     if requested in ("auto", "uid") and os.geteuid() == 0:
-        return "uid"
+        return "uid", None
     if requested == "uid":
         raise PermissionError("isolation='uid' needs root to switch to slot uids")
-    containment.prctl(containment.PR_SET_CHILD_SUBREAPER, 1)
-    return "none"
+    return "none", None
 
 
 def main(argv: list[str]) -> None:
@@ -356,15 +401,26 @@ def main(argv: list[str]) -> None:
         if "jax" in sys.modules:
             raise RuntimeError("the sandbox template imported jax; templates must stay JAX-free")
         warm_up()
-        level = choose_level(config.isolation)
-        template = Template(conn_in, conn_out, config, worker, uid_base, level)
+        paths = []
+        if config.isolation in ("auto", "namespaces"):
+            # The package's own source checkout is not part of what calls need (and may hold
+            # data and checkpoints).
+            paths = filesystem.installation_paths(hidden=os.path.dirname(os.path.dirname(rstar2_jax.__file__)))
+        # Cgroups first: their filesystem is not part of the minimal root.
+        memory = SlotCgroups.create(config.slots_per_worker, config.memory_bytes)
+        level, pidns = choose_level(config.isolation, paths)
+        uids = tuple(uid_base + worker * config.slots_per_worker + s for s in range(config.slots_per_worker))
+        spec = zygote.CallSpec(
+            config=config, level=level, uids=uids,
+            cgroup_procs=tuple(memory.procs_fds) if memory is not None else None,
+            rebind=tuple(filesystem.paths_under_scratch(paths)) if level == "namespaces" else (),
+            seccomp_filter=seccomp.call_filter(), pidns_fd=pidns)
+        template = Template(conn_in, conn_out, spec, memory)
     except BaseException as exc:
         conn_out.send_bytes(json.dumps({"op": "fatal", "error": repr(exc)}).encode())
         raise
-    # Everything allocated so far is shared with every child: keep the collector from touching
-    # (and so copying) those pages in each fork.
-    gc.freeze()
-    template.send({"op": "ready", "level": level, "pid": os.getpid()})
+    template.send({"op": "ready", "level": level, "memory": memory.kind if memory is not None else "rlimit",
+                   "pid": os.getpid()})
     template.serve()
 
 
