@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     launcher.set_defaults(func=_launch)
 
     args = parser.parse_args(argv)
+    import rstar2_jax.toy.format  # noqa: F401  registers model.chat_format=toy, for the toy's models
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # orbax logs every checkpoint step through absl at INFO; keep the progress bars readable.
     logging.getLogger("absl").setLevel(logging.WARNING)

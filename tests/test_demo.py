@@ -1,5 +1,8 @@
 """The main job, shortened to tiny settings, end to end; and its exported model in transformers."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,3 +67,18 @@ def test_config_keeps_tool_rendering_consistent():
         load_config(DemoConfig, overrides=["rollout.show_tool_time=true"])
     with pytest.raises(ConfigError, match="eval_problems"):
         load_config(DemoConfig, overrides=["eval_problems=100000"])
+
+
+def test_cli_evaluates_the_exported_toy_model_from_a_fresh_interpreter(demo, tmp_path):
+    # The toy's chat format is registered by the toy package; a user who points the CLI at the
+    # toy's exported model must not need to import it first.
+    cfg, _ = demo
+    env = os.environ | {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "rstar2_jax", "eval", f"model.path={cfg.out}/rl_model",
+         "model.chat_format=toy", f"dataset={cfg.out}/data/test.jsonl",
+         f"output={tmp_path}/samples.jsonl", "samples=1", "limit=1", "max_turns=1",
+         "max_response_tokens=8", "rollout.num_slots=1", "rollout.sandbox_workers=1"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert len(open(f"{tmp_path}/samples.jsonl").readlines()) == 1

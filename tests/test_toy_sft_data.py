@@ -11,8 +11,10 @@ from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.sandbox import ExecResult, SandboxPool, render_result
 from rstar2_jax.toy import TOY_FORMAT, sft_data
 from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
+from rstar2_jax.toy.demo import sft_seq_len
 from rstar2_jax.toy.problems import make_splits
 from rstar2_jax.toy.tokenizer import build_tokenizer
+from rstar2_jax.train.sft_data import Conversations
 
 ALL_STYLES_MIX = sft_data.DemoMix(tool=0.25, first_call_error=0.6, no_tool=0.15)
 
@@ -159,3 +161,40 @@ def test_build_toy_data_directory(tmp_path, pool):
 def test_n_sft_must_fit_in_train():
     with pytest.raises(ValueError, match="n_sft"):
         ToyDataConfig(n_train=10, n_sft=11)
+
+
+class _Installed(_Answers):
+    """Typos fail with a traceback that names a frame of an installation under ``prefix`` (the
+    length of a real traceback depends on the Python version and on where Python lives)."""
+
+    def __init__(self, problems, prefix):
+        super().__init__(problems)
+        self.prefix = prefix
+
+    def submit(self, code, stdin=""):
+        future = super().submit(code, stdin)
+        if future.result().status == "error":
+            future = concurrent.futures.Future()
+            future.set_result(ExecResult("error", exit_code=1, stderr=(
+                "Traceback (most recent call last):\n  File \"<tool_code>\", line 1, in <module>\n"
+                f"  File \"{self.prefix}/lib/python3.12/site-packages/sympy/core/cache.py\", "
+                "line 72, in wrapper\nNameError: name 'pritn' is not defined")))
+        return future
+
+
+def test_sft_sequence_length_follows_the_demonstrations(tmp_path, problems):
+    prefixes = ("/opt/py", "/home/a-user/.local/share/virtualenvs/an-example-project-3f9c2a1b")
+    demos = {p: sft_data.make_demos(problems, _Installed(problems, p), ALL_STYLES_MIX, seed=1,
+                                    show_time=False) for p in prefixes}
+    tokenizer = build_tokenizer(sft_data.corpus(demos[prefixes[0]], TOY_FORMAT), vocab_size=800)
+    seq_lens = []
+    for i, prefix in enumerate(prefixes):
+        path = tmp_path / f"sft{i}.jsonl"
+        sft_data.save_demos(path, demos[prefix])
+        seq_len = sft_seq_len(path, tokenizer, max_len=4096)
+        longest = max(len(ids) for ids, _ in Conversations(str(path), tokenizer, TOY_FORMAT, seq_len))
+        assert longest <= seq_len < longest + 16
+        seq_lens.append(seq_len)
+    assert seq_lens[0] < seq_lens[1]
+    with pytest.raises(ValueError, match=r"more than seq_len=64"):
+        sft_seq_len(path, tokenizer, max_len=64)

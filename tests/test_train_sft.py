@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from rstar2_jax.config import load_config
-from rstar2_jax.model import init_params
+from rstar2_jax.model import init_params, token_logprobs
 from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.sft import epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.sft import digit_weights, epoch_order, pad_batch, run_sft, sft_loss
 from rstar2_jax.train.sft_data import Conversations
 from sft_setup import conversation, write_sft_setup
 
@@ -56,6 +56,27 @@ def test_loss_counts_only_assistant_tokens(setup):
     assert loss_with(last, (ids[last] + 1) % config.vocab_size) != pytest.approx(float(loss_sum))
     # Past the end (padding) nothing counts.
     assert loss_with(last + 1, 5) == pytest.approx(float(loss_sum), rel=1e-6)
+
+
+def test_digit_weight_weighs_digit_targets_in_the_token_mean(setup):
+    d, tokenizer, config = setup
+    examples = [Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[i] for i in range(4)]
+    batch = {k: jnp.asarray(v) for k, v in pad_batch(examples, 256, pad_id=0).items()}
+    weights = digit_weights(tokenizer, 5.0)
+    digits = [tokenizer.convert_tokens_to_ids(str(n)) for n in range(10)]
+    assert sorted(np.flatnonzero(weights == 5.0)) == sorted(digits)
+    assert np.all(np.delete(weights, digits) == 1.0)
+
+    params = init_params(config, jax.random.key(1))
+    loss_sum, count, _ = sft_loss(params, batch, model_config=config, token_weights=jnp.asarray(weights))
+    # By hand: every assistant target's -log p, digits counted five times.
+    logp = np.asarray(token_logprobs(params, config, batch["tokens"][:, :-1], batch["tokens"][:, 1:],
+                                     batch["attention_mask"][:, :-1]))
+    targets, mask = np.asarray(batch["tokens"][:, 1:]), np.asarray(batch["loss_mask"][:, 1:]) == 1
+    w = np.where(np.isin(targets, digits), 5.0, 1.0)[mask]
+    assert np.isin(targets[mask], digits).any()
+    assert float(count) == pytest.approx(w.sum())
+    assert float(loss_sum) == pytest.approx(-(w * logp[mask]).sum(), rel=1e-5)
 
 
 def test_bad_data_is_rejected_with_the_line(setup, tmp_path):

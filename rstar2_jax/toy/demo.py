@@ -21,6 +21,7 @@ resumes SFT and RL from their checkpoints. docs/toy.md has the measured figures.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rstar2_jax.algorithms import Algorithm
+from rstar2_jax.compile_cache import CompileCounter, CompileStats
 from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.evaluate import EvalReport, sample_problems, write_samples
 from rstar2_jax.runtime import RolloutRuntime
@@ -67,7 +69,8 @@ class DemoConfig:
       seed: seeds the model init, SFT order, RL sampling and evaluation.
       data: toy problems and demonstrations.
       model: the toy model's shape.
-      sft_epochs, sft_batch_size, sft_seq_len, sft_optimizer: supervised fine-tuning.
+      sft_epochs, sft_batch_size, sft_optimizer: supervised fine-tuning; the sequence length is
+        the longest demonstration's (see ``sft_seq_len``), never a constant.
       rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering must
         match ``data``'s, so that RL shows the model what SFT showed it).
       max_turns, max_response_tokens: rollout limits, for RL and evaluation alike.
@@ -81,9 +84,9 @@ class DemoConfig:
     model: ToyModel = field(default_factory=ToyModel)
     # Copying the question's numbers into the program is the slow skill: the SFT loss sits at a
     # plateau (format learned, digits guessed) for ~450 steps at this learning rate, then drops.
-    sft_epochs: int = 13
+    sft_epochs: int = 15
     sft_batch_size: int = 16
-    sft_seq_len: int = 336
+    sft_digit_loss_weight: float = 5.0
     sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=3e-3, schedule="constant", warmup_steps=10, weight_decay=0.0))
     # Sampled at the evaluation temperature, not the paper's 1.0: at 1.0 the tiny model miscopies
@@ -110,7 +113,7 @@ class DemoConfig:
             out=out, data=ToyDataConfig(n_train=64, n_test=8, n_sft=32, vocab_size=400),
             model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16),
-            sft_epochs=2, sft_batch_size=8, sft_seq_len=512,
+            sft_epochs=2, sft_batch_size=8,
             sft_optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0),
             rl=RLConfig(questions_per_step=4, rollouts_per_question=4, group_size=2,
                         max_prompt_tokens=128),
@@ -141,11 +144,13 @@ class DemoConfig:
 
 @dataclass(frozen=True)
 class DemoSummary:
-    """What the job measured: the evaluations of both policies and the wall time of each phase."""
+    """What the job measured: the evaluations of both policies, the wall time of each phase and
+    what each phase compiled (``compiles["total"]`` for the whole job)."""
 
     sft: EvalReport
     rl: EvalReport
     seconds: dict[str, float]
+    compiles: dict[str, CompileStats]
 
     @property
     def gain(self) -> float:
@@ -166,11 +171,14 @@ class DemoSummary:
         lines += [f"{name:<22}{cell(self.sft):>12}{cell(self.rl):>12}" for name, cell in rows]
         lines.append(f"RL gain in avg pass@1: {100 * self.gain:+.1f} points")
         lines.append("wall time: " + ", ".join(f"{p} {s:.0f} s" for p, s in self.seconds.items()))
+        lines.append("compilation: " + self.compiles["total"].summary() + "; RL phase: "
+                     + self.compiles["rl"].summary())
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"after_sft": dataclasses.asdict(self.sft), "after_rl": dataclasses.asdict(self.rl),
-                "pass1_gain": self.gain, "seconds": self.seconds}
+                "pass1_gain": self.gain, "seconds": self.seconds,
+                "compiles": {p: dataclasses.asdict(c) for p, c in self.compiles.items()}}
 
 
 def toy_model_config(shape: ToyModel, tokenizer):
@@ -187,11 +195,23 @@ def toy_model_config(shape: ToyModel, tokenizer):
         eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id)
 
 
-def sft_config(cfg: DemoConfig, out: Path) -> SFTConfig:
+def sft_seq_len(data: Path, tokenizer, max_len: int) -> int:
+    """SFT sequence length for the demonstrations in ``data``: the longest one, rounded up to a
+    multiple of 16. Tool output in the demonstrations is real (tracebacks differ between Python
+    versions), so a fixed length would fail on some machine; raises ValueError when a
+    demonstration exceeds ``max_len`` (the model's positions)."""
+    from rstar2_jax.train.sft_data import Conversations
+
+    longest = max(len(ids) for ids, _ in Conversations(str(data), tokenizer, TOY_FORMAT, max_len))
+    return min(-(-longest // 16) * 16, max_len)
+
+
+def sft_config(cfg: DemoConfig, out: Path, seq_len: int) -> SFTConfig:
     return SFTConfig(
         model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
-        data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=cfg.sft_seq_len,
+        data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=seq_len,
         batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed,
+        digit_loss_weight=cfg.sft_digit_loss_weight,
         optimizer=cfg.sft_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
         mesh=MeshConfig(fsdp=1))
 
@@ -228,7 +248,8 @@ def train_sft_policy(cfg: DemoConfig, sandbox, *, progress: bool = True) -> None
     model_config = toy_model_config(cfg.model, tokenizer)
     save_hf(out / "init_model", model_config, init_params(model_config, jax.random.key(cfg.seed)))
     tokenizer.save_pretrained(out / "init_model")
-    run_sft(sft_config(cfg, out), progress=progress)
+    seq_len = sft_seq_len(out / "data" / "sft.jsonl", tokenizer, model_config.max_position_embeddings)
+    run_sft(sft_config(cfg, out, seq_len), progress=progress)
     export_model(out / "sft", out / "sft_model", tokenizer)
 
 
@@ -278,8 +299,8 @@ class Evaluator:
 def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSummary:
     """Runs the main job (see the module docstring) and returns what it measured.
 
-    ``progress`` draws the SFT and RL progress bars and prints each phase as it starts and the
-    summary table at the end.
+    ``progress`` draws the SFT and RL progress bars and prints each phase as it starts (and, as
+    it ends, what it compiled) and the summary table at the end.
     """
     from rstar2_jax.plots import plot_curves
     from rstar2_jax.train.metrics import read_metrics
@@ -287,14 +308,21 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
+    compiles: dict[str, CompileStats] = {}
     start = time.perf_counter()
 
+    @contextlib.contextmanager
     def phase(name: str, what: str):
         if progress:
             print(f"[{time.perf_counter() - start:4.0f} s] {name}: {what}", flush=True)
-        return _Timer(seconds, name)
+        phase_start, before = time.perf_counter(), counter.snapshot()
+        yield
+        seconds[name] = time.perf_counter() - phase_start
+        compiles[name] = counter.snapshot() - before
+        if progress:
+            print(f"  {name}: {compiles[name].summary()}", flush=True)
 
-    with RolloutRuntime(cfg.rollout) as runtime:
+    with CompileCounter() as counter, RolloutRuntime(cfg.rollout) as runtime:
         with phase("sft", f"toy data, a random model, supervised fine-tuning ({cfg.sft_epochs} epochs)"):
             train_sft_policy(cfg, runtime.sandbox, progress=progress)
         with phase("eval_sft", f"{cfg.eval_problems} held-out problems x {cfg.eval_samples} samples"):
@@ -308,24 +336,12 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
             after_rl = evaluator(final, out / "eval_rl.jsonl")
         if progress:
             print(f"  after RL:  {after_rl.summary()}", flush=True)
-    with phase("report", f"curves.png, summary.json; the final model is {final}"):
-        plot_curves({cfg.rl.algorithm: read_metrics(out / "rl")}, out / "curves.png")
+        with phase("report", f"curves.png, summary.json; the final model is {final}"):
+            plot_curves({cfg.rl.algorithm: read_metrics(out / "rl")}, out / "curves.png")
+        compiles["total"] = counter.snapshot()
     seconds["total"] = time.perf_counter() - start
-    summary = DemoSummary(after_sft, after_rl, seconds)
+    summary = DemoSummary(after_sft, after_rl, seconds, compiles)
     (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     if progress:
         print(summary.table(), flush=True)
     return summary
-
-
-class _Timer:
-    """Adds the seconds spent inside the ``with`` block to ``seconds[name]``."""
-
-    def __init__(self, seconds: dict[str, float], name: str):
-        self.seconds, self.name = seconds, name
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.seconds[self.name] = time.perf_counter() - self.start

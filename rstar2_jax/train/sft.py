@@ -9,7 +9,9 @@ right-padded to ``seq_len``.
 Across processes, each process encodes and feeds only its rows of each batch
 (`rstar2_jax.sharding.process_rows`); the batch order depends only on the seed and the step.
 
-The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions.
+The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions,
+weighted by ``token_weights`` when the config gives digits another weight
+(``SFTConfig.digit_loss_weight``).
 """
 from __future__ import annotations
 
@@ -52,17 +54,28 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
-def sft_loss(params: dict, batch: dict, *, model_config: ModelConfig, remat: bool = False):
+def sft_loss(params: dict, batch: dict, *, model_config: ModelConfig, remat: bool = False,
+             token_weights: jax.Array | None = None):
     """``(loss_sum, token_count, {})`` of next-token prediction at loss-mask positions.
 
     batch: tokens, attention_mask, loss_mask, each [rows, seq]. Position t predicts token t + 1,
-    which counts when loss_mask[t + 1] is 1.
+    which counts when loss_mask[t + 1] is 1. ``token_weights`` (float32 [vocab], default all 1)
+    weighs each target by its token id; ``token_count`` is then the sum of the weights.
     """
     tokens = batch["tokens"]
-    logp = token_logprobs(params, model_config, tokens[:, :-1], tokens[:, 1:],
+    targets = tokens[:, 1:]
+    logp = token_logprobs(params, model_config, tokens[:, :-1], targets,
                           batch["attention_mask"][:, :-1], remat=remat)
     mask = batch["loss_mask"][:, 1:].astype(bool)
-    return -jnp.sum(jnp.where(mask, logp, 0.0)), jnp.sum(mask, dtype=jnp.float32), {}
+    weight = jnp.ones(targets.shape, jnp.float32) if token_weights is None else token_weights[targets]
+    weight = jnp.where(mask, weight, 0.0)
+    return -jnp.sum(jnp.where(mask, weight * logp, 0.0)), jnp.sum(weight), {}
+
+
+def digit_weights(tokenizer, weight: float) -> np.ndarray:
+    """float32 [vocab]: ``weight`` for the tokens whose text is digits only, 1 for the others."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return np.array([weight if t.isdigit() else 1.0 for t in texts], np.float32)
 
 
 def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = None,
@@ -89,7 +102,10 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
         raise ConfigError(f"micro_batch_size={micro_batch_size} rows cannot be split over "
                           f"fsdp={fsdp} devices")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat)
+    weights = None if config.digit_loss_weight == 1.0 else jnp.asarray(
+        digit_weights(tokenizer, config.digit_loss_weight))
+    loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat,
+                             token_weights=weights)
     train_step = make_train_step(loss, run.optimizer,
                                  micro_batches=config.batch_size // micro_batch_size,
                                  mesh=run.mesh, param_specs=run.param_specs, params=run.state.params)
