@@ -46,6 +46,7 @@ from rstar2_jax.train.configs import (
     SFTConfig,
     StageConfig,
 )
+from rstar2_jax.train.sft_data import Conversations
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,6 @@ def sft_seq_len(data: Path, tokenizer, max_len: int) -> int:
     multiple of 16. Tool output in the demonstrations is real (tracebacks differ between Python
     versions), so a fixed length would fail on some machine; raises ValueError when a
     demonstration exceeds ``max_len`` (the model's positions)."""
-    from rstar2_jax.train.sft_data import Conversations
-
     longest = max(len(ids) for ids, _ in Conversations(str(data), tokenizer, TOY_FORMAT, max_len))
     return min(-(-longest // 16) * 16, max_len)
 
