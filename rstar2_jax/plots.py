@@ -3,6 +3,7 @@
     runs = {"GRPO-RoC": read_metrics("runs/roc"), "GRPO": read_metrics("runs/grpo")}
     plot_curves(runs, "curves.png")                       # the four panels of RL_PANELS
     plot_curves(runs, "err.png", panels=RL_PANELS[1:2])   # one panel
+    plot_bands({"GRPO-RoC": [seed0, seed1, seed2]}, "bands.png")  # mean and min-max over seeds
 
 Each panel draws every run's raw per-step values as a faint line and a trailing moving average
 over them, since a toy step scores few questions and its statistics are noisy.
@@ -46,6 +47,47 @@ def series(records: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, values
 
 
+def mean_band(runs: Sequence[Sequence[dict]], key: str, window: int = 5,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(steps, mean, low, high)`` of one metric over several runs (seeds): each run's trailing
+    moving average over the steps that have the metric (`series`), then, at every step where at
+    least one run has a value, the mean, min and max over those runs."""
+    smoothed = []
+    for records in runs:
+        steps, values = series(records, key)
+        smoothed.append(dict(zip(steps.tolist(), moving_average(values, window).tolist())))
+    steps = np.array(sorted(set().union(*smoothed)), dtype=np.int64)
+    if not len(steps):
+        return steps, np.zeros(0), np.zeros(0), np.zeros(0)
+    grid = np.array([[run.get(s, np.nan) for s in steps] for run in smoothed])
+    # Every column has at least one value, so these reductions never see an all-NaN column.
+    return steps, np.nanmean(grid, axis=0), np.nanmin(grid, axis=0), np.nanmax(grid, axis=0)
+
+
+def _draw_panels(path, panels: Sequence[tuple[str, str]], draw) -> None:
+    """A PNG with one panel per ``(metric, title)``; ``draw(ax, key)`` draws a panel's lines and
+    returns whether it drew any (if not, the panel says that no step measured the metric)."""
+    if not panels:
+        raise ValueError("need at least one panel")
+    columns = min(2, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = Figure(figsize=(6 * columns, 3.6 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, (key, title) in zip(axes.flat, panels):
+        if draw(ax, key):
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"{key!r}: measured in no step", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot_curves(runs: Mapping[str, Sequence[dict]], path: str | os.PathLike,
                 panels: Sequence[tuple[str, str]] = RL_PANELS, window: int = 5) -> None:
     """Writes one PNG with a panel per ``(metric, title)``, one line per run, x = step.
@@ -59,31 +101,37 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], path: str | os.PathLike,
 
     A panel whose metric no run has for any step says so in place of its curves.
     """
-    if not runs or not panels:
-        raise ValueError("need at least one run and one panel")
-    columns = min(2, len(panels))
-    rows = -(-len(panels) // columns)
-    fig = Figure(figsize=(6 * columns, 3.6 * rows))
-    axes = fig.subplots(rows, columns, squeeze=False)
-    for ax, (key, title) in zip(axes.flat, panels):
+    if not runs:
+        raise ValueError("need at least one run")
+
+    def draw(ax, key):
         drawn = False
         for i, (label, records) in enumerate(runs.items()):
             steps, values = series(records, key)
-            if not len(steps):
-                continue
-            color = f"C{i}"
-            ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
-            ax.plot(steps, moving_average(values, window), color=color, linewidth=2, label=label)
-            drawn = True
-        if drawn:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, f"{key!r}: measured in no step", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=9)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+            if len(steps):
+                ax.plot(steps, values, color=f"C{i}", alpha=0.25, linewidth=1)
+                ax.plot(steps, moving_average(values, window), color=f"C{i}", linewidth=2, label=label)
+                drawn = True
+        return drawn
+
+    _draw_panels(path, panels, draw)
+
+
+def plot_bands(arms: Mapping[str, Sequence[Sequence[dict]]], path: str | os.PathLike,
+               panels: Sequence[tuple[str, str]] = RL_PANELS, window: int = 5) -> None:
+    """Like `plot_curves`, for several runs (seeds) per label: each label's mean curve
+    (`mean_band`) and a shaded band from the min to the max over its runs."""
+    if not arms or not all(arms.values()):
+        raise ValueError("need at least one label, each with at least one run")
+
+    def draw(ax, key):
+        drawn = False
+        for i, (label, runs) in enumerate(arms.items()):
+            steps, mean, low, high = mean_band(runs, key, window)
+            if len(steps):
+                ax.fill_between(steps, low, high, color=f"C{i}", alpha=0.2, linewidth=0)
+                ax.plot(steps, mean, color=f"C{i}", linewidth=2, label=f"{label} ({len(runs)} runs)")
+                drawn = True
+        return drawn
+
+    _draw_panels(path, panels, draw)

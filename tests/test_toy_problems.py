@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from rstar2_jax.toy.problems import KINDS, make_splits
+from rstar2_jax.toy.problems import DEFAULT_KINDS, KINDS, make_splits
 
 
 def test_same_seed_same_problems_and_different_seed_differs():
@@ -21,7 +21,7 @@ def test_splits_are_disjoint_and_sized():
 
 def test_every_kind_appears():
     train, _ = make_splits(200, 0)
-    assert {p.kind for p in train} == set(KINDS)
+    assert {p.kind for p in train} == set(DEFAULT_KINDS)
 
 
 def test_kinds_filter_and_validation():
@@ -69,3 +69,36 @@ def test_estimates_are_usually_wrong():
     train, _ = make_splits(500, 0, seed=2)
     right = sum(p.estimate == p.answer for p in train)
     assert 0 < right < 0.25 * len(train)
+
+
+def test_mod_inverse_fails_naturally_for_half_and_the_error_says_why():
+    """The natural program of a mod_inverse problem without an inverse raises a ValueError that
+    says so; the problem's code prints the gcd. Which problems those are does not show in the
+    last digits of the numbers."""
+    import contextlib
+    import io
+
+    train, _ = make_splits(400, 0, seed=5, kinds=["mod_inverse"])
+    failing = [p for p in train if p.naive_code]
+    assert 0.4 < len(failing) / len(train) < 0.6
+    for p in train:
+        a, m = _numbers(p.question)
+        if p.naive_code:
+            assert math.gcd(a, m) > 1 and p.answer == str(math.gcd(a, m))
+            with pytest.raises(ValueError, match="not invertible"):
+                exec(p.naive_code, {})
+        else:
+            assert math.gcd(a, m) == 1 and int(p.answer) * a % m == 1
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(p.code, {})
+        assert out.getvalue().strip() == p.answer
+    # Neither the parity nor the last digit of a tells the two halves apart.
+    for ok in (False, True):
+        part = [p for p in train if bool(p.naive_code) == ok]
+        assert 0.3 < sum(_numbers(p.question)[0] % 2 for p in part) / len(part) < 0.7
+
+
+def test_default_kinds_leave_mod_inverse_out():
+    assert "mod_inverse" in KINDS and "mod_inverse" not in DEFAULT_KINDS
+    assert all(p.naive_code is None for p in make_splits(300, 0, seed=1)[0])

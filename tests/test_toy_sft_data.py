@@ -94,6 +94,24 @@ def test_first_call_errors_are_seen_by_the_model(demos):
         assert chat.parse_tool_call(demo.messages[3]["content"]).error is None
 
 
+def test_an_intrinsic_failure_is_in_every_tool_style(pool):
+    """A mod_inverse problem without an inverse: every demonstration that uses the tool runs the
+    natural program, sees the real ValueError, then runs the gcd; the styles' own failures come
+    before it."""
+    problems = [p for p in make_splits(60, 0, seed=2, kinds=["mod_inverse"])[0] if p.naive_code][:12]
+    demos = sft_data.make_demos(problems, pool, ALL_STYLES_MIX, seed=4, max_chars=400, show_time=False)
+    assert {d.style for d in demos} > {"tool", "typo"}
+    for problem, demo in zip(problems, demos):
+        if demo.style == "no_tool":
+            continue
+        calls = [chat.parse_tool_call(m["content"]) for m in demo.messages[1:-1:2]]
+        responses = [m["content"] for m in demo.messages[2::2]]
+        assert calls[-2].code == problem.naive_code and calls[-1].code == problem.code
+        assert "not invertible" in responses[-2] and responses[-2].startswith("Tool call failure")
+        assert responses[-1] == f"Tool call success\nstdout: {problem.answer}"
+        assert len(calls) == (2 if demo.style == "tool" else 3)
+
+
 def test_no_tool_demos_answer_the_estimate_at_once(demos, problems):
     by_answer = {p.answer: p for p in problems}
     for demo in demos:

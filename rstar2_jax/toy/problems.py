@@ -8,6 +8,11 @@ here exactly (plain integer arithmetic), independently of the sandbox that will 
 Every problem also carries a cheap heuristic estimate of its answer: what a model that answers
 "in its head" without the tool would plausibly say. The SFT demonstrations use it for the
 no-tool answers, which are therefore usually wrong.
+
+One kind, ``mod_inverse`` (not in the default mix, `DEFAULT_KINDS`), makes failing tool calls
+part of correct solutions: for half of its problems the natural program fails, for a reason no
+one can see in the question (a hidden common factor), and its error message says what to do
+instead (the testbed's environment, docs/testbed.md).
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ class ToyProblem:
       kind: which template made it (one of ``KINDS``).
       code: a Python program that prints the answer.
       estimate: a heuristic mental guess, as decimal text (usually wrong).
+      naive_code: the program a solver writes first when the question cannot tell it that
+        ``code`` is needed; it fails, and its error says why. None: ``code`` is the natural first
+        program.
     """
 
     question: str
@@ -34,6 +42,7 @@ class ToyProblem:
     kind: str
     code: str
     estimate: str
+    naive_code: str | None = None
 
 
 def _mod_product(rng: random.Random) -> ToyProblem:
@@ -95,6 +104,34 @@ def _divisor_count(rng: random.Random) -> ToyProblem:
     )
 
 
+# Primes of two digits: a hidden factor of the modulus that a number's last digits do not reveal
+# (divisibility by 2, 3 and 5 is visible in the digits; by these it is not).
+_HIDDEN_PRIMES = (11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
+
+
+def _mod_inverse(rng: random.Random) -> ToyProblem:
+    # m = p * q; half the time a is made a multiple of p, so it has no inverse mod m. Nothing in
+    # the question shows which half a problem is in: the natural program, pow(a, -1, m), fails
+    # with "ValueError: base is not invertible for the given modulus" and the gcd is the answer.
+    p, q = rng.sample(_HIDDEN_PRIMES, 2)
+    m = p * q
+    if rng.random() < 0.5:
+        a = p * rng.randint(10_000 // p + 1, 999_999 // p)
+    else:
+        a = rng.randint(10_000, 999_999)
+    inverse = f"print(pow({a}, -1, {m}))"
+    if math.gcd(a, m) == 1:
+        answer, code, naive = str(pow(a, -1, m)), inverse, None
+    else:
+        answer, code, naive = str(math.gcd(a, m)), f"from math import gcd\nprint(gcd({a}, {m}))", inverse
+    return ToyProblem(
+        question=f"What is the inverse of {a} mod {m}, or their gcd if there is none?",
+        answer=answer, kind="mod_inverse", code=code,
+        estimate=str(rng.randrange(1, m)),  # any residue looks as likely as another
+        naive_code=naive,
+    )
+
+
 def _is_prime(n: int) -> bool:
     return n >= 2 and all(n % p for p in range(2, math.isqrt(n) + 1))
 
@@ -117,16 +154,20 @@ _GENERATORS: dict[str, Callable[[random.Random], ToyProblem]] = {
     "count_primes": _count_primes,
     "gcd_lcm": _gcd_lcm,
     "divisor_count": _divisor_count,
+    "mod_inverse": _mod_inverse,
 }
 KINDS: tuple[str, ...] = tuple(_GENERATORS)
+# The main job's mix: every kind whose natural program is right.
+DEFAULT_KINDS: tuple[str, ...] = KINDS[:5]
 
 
 def make_splits(
-    n_train: int, n_test: int, seed: int = 0, kinds: Sequence[str] = KINDS
+    n_train: int, n_test: int, seed: int = 0, kinds: Sequence[str] = DEFAULT_KINDS
 ) -> tuple[list[ToyProblem], list[ToyProblem]]:
     """Disjoint train and test problems, a deterministic function of the arguments.
 
-    Kinds are drawn uniformly at random; no question appears twice across both splits.
+    Kinds are drawn uniformly at random (a kind listed twice is drawn twice as often); no
+    question appears twice across both splits.
     """
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:

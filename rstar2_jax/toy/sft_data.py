@@ -9,6 +9,10 @@ The mixture is deliberately imperfect, so that the SFT policy leaves room for RL
 - ``bad_json``:   the first call is not valid JSON; a corrected call; answer;
 - ``no_tool``:    answer at once with a mental estimate, which is usually wrong.
 
+A problem with a ``naive_code`` (``mod_inverse``) is solved in two calls in every tool style: its
+natural program fails and the error says what to run instead. That failure is part of the
+solution, not a style: nothing in the question lets a solver avoid it.
+
 Tool outputs are produced the way the sampler produces them during RL: programs run in the
 sandbox and are rendered by ``render_result``; malformed calls go through ``parse_tool_call``
 and ``malformed_call_response``. A demonstration whose program does not print the reference
@@ -100,15 +104,24 @@ def _typo(code: str) -> str:
     return code.replace("print(", "pritn(", 1)
 
 
+def _solution(problem: ToyProblem) -> list[str]:
+    """The programs a solver runs once its calls are well-formed: the natural first program when
+    it fails (its error says what to do instead), then the right one."""
+    return [problem.naive_code, problem.code] if problem.naive_code else [problem.code]
+
+
 def _programs(problem: ToyProblem, style: str) -> list[str]:
-    return {"no_tool": [], "typo": [_typo(problem.code), problem.code]}.get(style, [problem.code])
+    if style == "no_tool":
+        return []
+    solution = _solution(problem)
+    return [_typo(solution[0]), *solution] if style == "typo" else solution
 
 
 def _check_result(problem: ToyProblem, code: str, result: ExecResult) -> None:
     if code == problem.code and not (result.ok and result.stdout.strip() == problem.answer):
         raise RuntimeError(f"the program for {problem.question!r} did not print {problem.answer}: {result}")
     if code != problem.code and result.status != "error":
-        raise RuntimeError(f"the misspelled program for {problem.question!r} did not fail: {result}")
+        raise RuntimeError(f"the failing first program for {problem.question!r} did not fail: {result}")
 
 
 def _messages(problem: ToyProblem, style: str, outputs: dict[str, str]) -> tuple[dict, ...]:
@@ -116,29 +129,26 @@ def _messages(problem: ToyProblem, style: str, outputs: dict[str, str]) -> tuple
     def assistant(text):
         return {"role": "assistant", "content": text}
 
-    def tool(text):
-        return {"role": "tool", "content": text}
-
-    first = "I will run Python.</reason>\n"
-    fixed = "That failed; fixing it.</reason>\n" + chat.format_tool_call(problem.code)
     answer = f"It printed {problem.answer}.</reason>\n<answer>\\boxed{{{problem.answer}}}</answer>"
     messages = [{"role": "user", "content": problem.question}]
     if style == "no_tool":
         messages.append(assistant(
             f"I estimate it.</reason>\n<answer>\\boxed{{{problem.estimate}}}</answer>"))
-    elif style == "tool":
-        messages += [assistant(first + chat.format_tool_call(problem.code)),
-                     tool(outputs[problem.code]), assistant(answer)]
-    elif style == "typo":
-        messages += [assistant(first + chat.format_tool_call(_typo(problem.code))),
-                     tool(outputs[_typo(problem.code)]), assistant(fixed),
-                     tool(outputs[problem.code]), assistant(answer)]
-    else:
-        bad_call = first + _malformed_call(problem.code, style)
+        return tuple(messages)
+    # (call text, tool response) per call; every call but the last fails.
+    solution = _solution(problem)
+    calls = [(chat.format_tool_call(code), outputs[code]) for code in solution]
+    if style == "typo":
+        calls.insert(0, (chat.format_tool_call(_typo(solution[0])), outputs[_typo(solution[0])]))
+    elif style != "tool":
+        bad_call = _malformed_call(solution[0], style)
         call = chat.parse_tool_call(bad_call)
         assert call is not None and call.error is not None, bad_call
-        messages += [assistant(bad_call), tool(chat.malformed_call_response(call)), assistant(fixed),
-                     tool(outputs[problem.code]), assistant(answer)]
+        calls.insert(0, (bad_call, chat.malformed_call_response(call)))
+    for i, (call, response) in enumerate(calls):
+        reason = "I will run Python.</reason>\n" if i == 0 else "That failed; fixing it.</reason>\n"
+        messages += [assistant(reason + call), {"role": "tool", "content": response}]
+    messages.append(assistant(answer))
     return tuple(messages)
 
 
