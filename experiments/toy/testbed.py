@@ -2,19 +2,33 @@
 
     python experiments/toy/testbed.py                              # 3 arms x 3 seeds, runs/testbed
     python experiments/toy/testbed.py out=runs/small seeds=[0] demo.rl_steps=10
+    python experiments/toy/testbed.py --only grpo_2g               # these arms only, for now
     python experiments/toy/testbed.py arms.dr_grpo.algorithm=dr_grpo          # add an arm
     python experiments/toy/testbed.py arms.mine.algorithm=my_module:MINE arms.mine.oversample=1
 
 Any field of ``rstar2_jax.toy.testbed.TestbedConfig`` (``demo.*``: the main job's settings).
-Re-running with the same ``out`` reads finished runs back and runs only what is missing, then
-rewrites ``summary.md``, ``summary.json`` and the plots. docs/testbed.md has the details.
+``--only a,b`` runs and summarises only those arms; their results are the full grid's, which a
+later run without ``--only`` reads back. Re-running with the same ``out`` reads finished runs
+back and runs only what is missing, then rewrites ``summary.md``, ``summary.json`` and the
+plots. docs/testbed.md has the details.
 """
-import sys
+import argparse
+import dataclasses
 
 from rstar2_jax.config import load_config
 from rstar2_jax.toy.testbed import TestbedConfig, run_testbed
 
 if __name__ == "__main__":
-    cfg = load_config(TestbedConfig, overrides=sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated arm names to run and summarise")
+    parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig")
+    args = parser.parse_args()
+    cfg = load_config(TestbedConfig, overrides=args.overrides)
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - set(cfg.arms))
+        if unknown:
+            parser.error(f"--only names unknown arms {unknown}; the arms are {', '.join(cfg.arms)}")
+        cfg = dataclasses.replace(cfg, arms={name: cfg.arms[name] for name in names})
     run_testbed(cfg)
     print(open(f"{cfg.out}/summary.md").read())

@@ -6,7 +6,8 @@
     sft_data.py   deliberately imperfect SFT demonstrations, run in the real sandbox
     build.py      the toy data directory: problem splits, demonstrations, tokenizer
     demo.py       the main job (``python -m rstar2_jax demo``): data, SFT, GRPO-RoC, evaluation
-    compare.py    RL variants side by side from one SFT policy (experiments/toy/compare_roc.py)
+    compare.py    RL variants side by side from one SFT policy (notebook 03)
+    testbed.py    arms x seeds from one SFT policy per seed, summarised (experiments/toy/testbed.py)
 
 The library core never imports this package; the CLI's ``demo`` command loads it lazily.
 """

@@ -28,6 +28,7 @@ class ToyDataConfig:
       n_sft: demonstrations, made from the first ``n_sft`` training problems.
       vocab_size: upper bound on the tokenizer's vocabulary.
       seed: seeds the problems and the choice of demonstration styles.
+      kinds: the problem kinds, drawn uniformly (``problems.KINDS``; default the main job's five).
       mix: fractions of demonstration styles.
       tool_response_chars, show_tool_time: how tool results are rendered in the demonstrations;
         the RL rollout must use the same values (``RolloutSettings``) so the model sees one format.
@@ -38,6 +39,7 @@ class ToyDataConfig:
     n_sft: int = 1000
     vocab_size: int = 1024
     seed: int = 0
+    kinds: list[str] = dataclasses.field(default_factory=lambda: list(problems.DEFAULT_KINDS))
     mix: sft_data.DemoMix = sft_data.DemoMix()
     tool_response_chars: int = 1024
     show_tool_time: bool = False
@@ -45,12 +47,14 @@ class ToyDataConfig:
     def __post_init__(self):
         if not 0 < self.n_sft <= self.n_train:
             raise ValueError(f"n_sft must be in 1..n_train={self.n_train}; got {self.n_sft}")
+        problems.check_kinds(self.kinds)
 
 
 def build_toy_data(directory: str | os.PathLike, config: ToyDataConfig, executor: Executor) -> None:
     """Writes the toy data directory (see the module docstring); ``executor`` runs the demo programs."""
     os.makedirs(directory, exist_ok=True)
-    train, test = problems.make_splits(config.n_train, config.n_test, seed=config.seed)
+    train, test = problems.make_splits(config.n_train, config.n_test, seed=config.seed,
+                                        kinds=config.kinds)
     demos = sft_data.make_demos(
         train[: config.n_sft], executor, config.mix, seed=config.seed,
         max_chars=config.tool_response_chars, show_time=config.show_tool_time,

@@ -161,6 +161,13 @@ KINDS: tuple[str, ...] = tuple(_GENERATORS)
 DEFAULT_KINDS: tuple[str, ...] = KINDS[:5]
 
 
+def check_kinds(kinds: Sequence[str]) -> None:
+    """Raises ValueError unless ``kinds`` is a non-empty sequence of names in `KINDS`."""
+    unknown = set(kinds) - set(KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS}; unknown: {sorted(unknown)}")
+
+
 def make_splits(
     n_train: int, n_test: int, seed: int = 0, kinds: Sequence[str] = DEFAULT_KINDS
 ) -> tuple[list[ToyProblem], list[ToyProblem]]:
@@ -169,9 +176,7 @@ def make_splits(
     Kinds are drawn uniformly at random (a kind listed twice is drawn twice as often); no
     question appears twice across both splits.
     """
-    unknown = set(kinds) - set(KINDS)
-    if unknown or not kinds:
-        raise ValueError(f"kinds must be a non-empty subset of {KINDS}; unknown: {sorted(unknown)}")
+    check_kinds(kinds)
     rng = random.Random(seed)
     problems: dict[str, ToyProblem] = {}
     # The question spaces are huge, so duplicates are rare and this loop ends quickly.
