@@ -137,8 +137,10 @@ class TestbedConfig:
     @classmethod
     def smoke(cls, out: str) -> TestbedConfig:
         """A tiny grid for tests and notebooks: GRPO-RoC and "GRPO with tool", 2 seeds x 2 RL
-        steps of the main job's smoke settings; the policies learn next to nothing."""
+        steps of the main job's smoke settings on the testbed's task mix; the policies learn
+        next to nothing."""
         demo = DemoConfig.smoke(out)
+        demo = dataclasses.replace(demo, data=dataclasses.replace(demo.data, kinds=list(TESTBED_KINDS)))
         # RL samples at the evaluation temperature, so both use one compiled sampler.
         demo = dataclasses.replace(demo, rl=dataclasses.replace(demo.rl, temperature=demo.eval_temperature))
         arms = paper_arms()
@@ -201,6 +203,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
     """Runs every missing (seed, arm) run of the grid, then writes the summary and the plots;
     returns the summary (``summary.json``)."""
     out = Path(cfg.out)
+    load_results(cfg)  # a result made with other settings stops the grid before anything is written
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
     say = print if progress else (lambda *a, **k: None)
