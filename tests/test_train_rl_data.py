@@ -71,10 +71,18 @@ def test_selected_rows_are_the_trained_ones_with_their_advantages():
     a = 0.5 / np.sqrt(1 / 3)
     np.testing.assert_allclose(kept.advantages, [a, -a, a], rtol=1e-5)
     assert kept.groups == 1
-    batch = make_batch(trajs, kept, pad_id=0)
-    assert batch["tokens"].shape == (4, 64)  # 3 rows padded to a power of two
+    batch = make_batch(trajs, kept, pad_id=0, seq_len=20)
+    assert batch["tokens"].shape == (4, 20)  # 3 rows padded to a power of two, 9 tokens to 20
     np.testing.assert_allclose(batch["advantages"], [a, -a, a, 0.0], rtol=1e-5)
     assert batch["loss_mask"][3].sum() == 0
+    np.testing.assert_array_equal(batch["tokens"][0], [1, 2, 3, *range(4, 10)] + [0] * 11)
+    np.testing.assert_array_equal(batch["loss_mask"][0], [0, 0, 0] + [1] * 5 + [0] * 12)
+    np.testing.assert_array_equal(batch["attention_mask"][0], [1] * 9 + [0] * 11)
+    # The length is the rollout budget's, whatever the step's longest rollout: one shape per
+    # row bucket. A rollout over the budget is an error, never cut.
+    assert make_batch(trajs, kept, pad_id=0, seq_len=9)["tokens"].shape == (4, 9)
+    with pytest.raises(ValueError, match="9 tokens, more than seq_len=8"):
+        make_batch(trajs, kept, pad_id=0, seq_len=8)
 
 
 def _with_select(select):

@@ -94,7 +94,9 @@ class RLLoop:
             "perf/rollout_tokens_per_s": stats.tokens_per_s}
         start = time.perf_counter()
         if kept.index.size:
-            batch = make_batch(trajs, kept, pad_id=self.pad_id)
+            limits = self.config.limits
+            batch = make_batch(trajs, kept, pad_id=self.pad_id,
+                               seq_len=limits.max_prompt_tokens + limits.max_response_tokens)
             state, update_metrics = self.update(state, batch)
             metrics |= update_metrics
         else:

@@ -117,23 +117,28 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
 
 
 def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
-               length_multiple: int = 64) -> dict[str, np.ndarray]:
+               seq_len: int) -> dict[str, np.ndarray]:
     """Right-padded training arrays for the kept rollouts.
 
-    Each row is prompt + response. The row count is padded up to a power of two and the length
-    up to a multiple of `length_multiple`, so the jitted update compiles for few shapes. Padding
-    rows carry no loss token (they add nothing to the loss sums); they attend to themselves,
-    because a row with no visible token at all would give NaN logits, and NaN * 0 is still NaN
-    in the backward pass.
+    Each row is prompt + response, padded to ``seq_len`` tokens: the longest a rollout can be
+    (the rollout limits' prompt plus response budget), so every step has the same length. The
+    row count is padded up to a power of two. The jitted update therefore compiles once per row
+    bucket, a set known before the run (powers of two up to questions x G), instead of once per
+    (rows, longest rollout) pair met. Padding rows carry no loss token (they add nothing to the
+    loss sums); they attend to themselves, because a row with no visible token at all would
+    give NaN logits, and NaN * 0 is still NaN in the backward pass.
 
-    Returns `[rows, seq]` arrays: tokens, attention_mask, loss_mask (1 on model-generated
+    Returns `[rows, seq_len]` arrays: tokens, attention_mask, loss_mask (1 on model-generated
     tokens), sampler_logp (the sampler's log-prob of each token, 0 elsewhere), and
-    `[rows]` advantages.
+    `[rows]` advantages. Raises ValueError for a rollout longer than ``seq_len``.
     """
     chosen = [trajs[i] for i in kept.index]
     rows = 1 << max(len(chosen) - 1, 0).bit_length()
     longest = max((len(t.prompt_ids) + len(t.response_ids) for t in chosen), default=1)
-    seq = -(-longest // length_multiple) * length_multiple
+    if longest > seq_len:
+        raise ValueError(f"a kept rollout has {longest} tokens, more than seq_len={seq_len} "
+                         "(the rollout limits' prompt + response budget)")
+    seq = seq_len
     batch = {"tokens": np.full((rows, seq), pad_id, np.int32),
              "attention_mask": np.zeros((rows, seq), np.int32),
              "loss_mask": np.zeros((rows, seq), np.int32),
