@@ -78,10 +78,10 @@ class Arm:
         resolve_algorithm(self.algorithm)  # a ValueError naming it, before anything runs
 
 
-# The testbed's task mix: a quarter of the problems are mod_inverse, half of which no policy can
-# solve without a failing first call (docs/testbed.md).
 # Room for the longest demonstrated solution (docs/testbed.md); the main job has 320.
 RESPONSE_TOKENS = 512
+# The testbed's task mix: a quarter of the problems are mod_inverse, half of which no policy can
+# solve without a failing first call (docs/testbed.md).
 TESTBED_KINDS = ("mod_product", "digit_sum_power", "gcd_lcm", "mod_inverse")
 
 
