@@ -61,6 +61,8 @@ def base(tmp_path_factory):
     return d
 
 
+# Minutes of end-to-end processes: the slow tier (`python -m pytest -m slow`), not CI.
+@pytest.mark.slow
 def test_sft_export_rl_eval_hard_subset(base):
     d = base
     out = _cli("sft", f"model.path={d}/Qwen3-tiny", f"data={d}/sft.jsonl", f"run_dir={d}/sft",

@@ -73,6 +73,8 @@ def _comparable(records):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in records]
 
 
+# Minutes of end-to-end processes: the slow tier (`python -m pytest -m slow`), not CI.
+@pytest.mark.slow
 def test_two_processes_survive_a_crash_and_match_one_process(sft_setup):
     d = sft_setup
     # The reference: one process, 4 of this test process's devices, the same mesh shape.

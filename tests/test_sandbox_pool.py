@@ -109,8 +109,12 @@ def test_installation_anywhere_is_importable(monkeypatch):
         shutil.rmtree(home_var)
     assert imports.stdout == "True True tmp var\n", imports
     assert read_only.status == "error" and "Read-only file system" in read_only.stderr, read_only
-    # The scratch space is still private and writable; the installation under /tmp shows in it.
-    assert scratch.stdout == f"{sorted(['mine', os.path.basename(home_tmp)])}\n", scratch
+    # The scratch space is still private and writable; the installations under /tmp show in it:
+    # the probe's, and this interpreter's when it lives under /tmp (a venv in /tmp/x shows as x).
+    interpreter = {os.path.realpath(p).split(os.sep)[2] for p in (sys.prefix, sys.base_prefix)
+                   if os.path.realpath(p).startswith("/tmp/")}
+    expected = sorted({"mine", os.path.basename(home_tmp)} | interpreter)
+    assert scratch.stdout == f"{expected}\n", scratch
 
 
 def test_installation_that_calls_cannot_read_is_refused(monkeypatch, tmp_path):
