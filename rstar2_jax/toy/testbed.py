@@ -172,6 +172,13 @@ def _settings(demo: DemoConfig, fields: Sequence[str] | None = None) -> dict:
     return {k: v for k, v in values.items() if k not in ("out",) and (fields is None or k in fields)}
 
 
+def _run_settings(cfg: TestbedConfig, name: str, seed: int) -> dict:
+    """The settings a result of run ``name`` (an arm or ``"sft"``) and ``seed`` must match."""
+    if name == "sft":
+        return _settings(cfg.seed_config(seed), _SFT_FIELDS)
+    return _settings(cfg.arm_config(seed, name))
+
+
 def _read_result(path: Path, settings: dict) -> dict | None:
     """The finished result at ``path`` (None when there is none); ValueError when it was made
     with other settings."""
@@ -210,7 +217,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
     with RolloutRuntime(cfg.demo.rollout) as runtime:
         for seed in cfg.seeds:
             seed_cfg = cfg.seed_config(seed)
-            sft_settings = _settings(seed_cfg, _SFT_FIELDS)
+            sft_settings = _run_settings(cfg, "sft", seed)
             evaluator = None
             if _read_result(result_path(out, "sft", seed), sft_settings) is None:
                 start = time.perf_counter()
@@ -228,7 +235,8 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
             for name in cfg.arms:
                 arm_cfg = cfg.arm_config(seed, name)
                 path = result_path(out, name, seed)
-                if _read_result(path, _settings(arm_cfg)) is not None:
+                settings = _run_settings(cfg, name, seed)
+                if _read_result(path, settings) is not None:
                     continue
                 say(f"seed {seed}, {name}: {arm_cfg.rl_steps} RL steps with {arm_cfg.rl.algorithm}, "
                     f"{arm_cfg.rl.rollouts_per_question} rollouts per question", flush=True)
@@ -238,7 +246,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
                 evaluator = evaluator or Evaluator(seed_cfg, runtime)
                 report = evaluator(model, Path(seed_cfg.out) / f"eval_{name}.jsonl")
                 _write_json(path, {
-                    "arm": name, "seed": seed, "settings": _settings(arm_cfg),
+                    "arm": name, "seed": seed, "settings": settings,
                     "eval": dataclasses.asdict(report),
                     "seconds": {"train": rl_s, "eval": time.perf_counter() - start - rl_s},
                     "metrics": with_missing(read_metrics(Path(seed_cfg.out) / "rl" / name))})
@@ -251,9 +259,7 @@ def load_results(cfg: TestbedConfig) -> dict[str, list[dict]]:
     a run not finished yet is left out."""
     results = {}
     for name in ("sft", *cfg.arms):
-        settings = [_settings(cfg.seed_config(s), _SFT_FIELDS) if name == "sft"
-                    else _settings(cfg.arm_config(s, name)) for s in cfg.seeds]
-        found = [_read_result(result_path(cfg.out, name, s), x) for s, x in zip(cfg.seeds, settings)]
+        found = [_read_result(result_path(cfg.out, name, s), _run_settings(cfg, name, s)) for s in cfg.seeds]
         results[name] = [r for r in found if r is not None]
     return results
 
