@@ -38,7 +38,7 @@ from rstar2_jax.errors import (
 )
 
 # Jobs that run across processes; the others stop with a message when started as several.
-_MULTI_PROCESS_JOBS = {"sft"}
+_MULTI_PROCESS_JOBS = {"sft", "rl"}
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -96,8 +96,9 @@ class RolloutRuntime:
 
 
 def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
-                   prompts: list[list[int]], samples: int, seed: int):
+                   prompts: list[list[int]], samples: int, seed: int, first_sequence: int = 0):
     """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
+    `seed` and `first_sequence` as `AgentSampler.rollout` takes them.
 
     Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
     last rollout finished).
@@ -109,7 +110,8 @@ def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Probl
             futures[t.prompt_index, t.sample_index] = verifier.submit(
                 t.response_text, problems[t.prompt_index].answer)
 
-    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed)
+    trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed,
+                                   first_sequence=first_sequence)
     start = time.perf_counter()
     rewards = np.zeros((len(prompts), samples), np.float32)
     for (p, s), future in futures.items():

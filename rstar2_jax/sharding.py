@@ -99,6 +99,12 @@ def _process_fsdp_positions(mesh: Mesh) -> list[int]:
     return [i for i, devices in enumerate(by_fsdp) if any(d.process_index == me for d in devices)]
 
 
+def process_fsdp_shards(mesh: Mesh) -> int:
+    """How many fsdp shards of a batch this process's devices hold (`place_batch` takes a
+    multiple of this many rows)."""
+    return len(_process_fsdp_positions(mesh))
+
+
 def process_rows(num_rows: int, mesh: Mesh) -> slice:
     """The rows of a global batch of `num_rows` that this process holds, and so feeds to
     `place_batch`: the blocks of the fsdp positions its devices have (with `make_mesh`'s
@@ -127,7 +133,7 @@ def place_batch(local_rows: dict, mesh: Mesh) -> dict:
     On one process the rows are the whole batch.
     """
     sharding = NamedSharding(mesh, batch_spec())
-    shards = len(_process_fsdp_positions(mesh))
+    shards = process_fsdp_shards(mesh)
     for name, x in local_rows.items():
         if x.shape[0] % shards:
             raise ValueError(f"batch field {name!r} has {x.shape[0]} rows, which do not split over "

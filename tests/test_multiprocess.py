@@ -17,8 +17,10 @@ from rstar2_jax.cli import main
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.distributed import free_port, initialize_from_env
 from rstar2_jax.train.checkpoint import Checkpointer
-from rstar2_jax.train.configs import SFTConfig
+from rl_setup import write_rl_setup
+from rstar2_jax.train.configs import RLJobConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
+from rstar2_jax.train.rl import run_rl
 from rstar2_jax.train.sft import run_sft
 from sft_setup import write_sft_setup
 
@@ -40,6 +42,25 @@ def _sft_args(d, run, epochs=3):
             f"run_dir={d}/{run}", "seq_len=256", "batch_size=4", "micro_batch_size=2",
             f"epochs={epochs}", "optimizer.lr=1e-2", "optimizer.warmup_steps=1", "mesh.fsdp=2",
             "mesh.tp=2", "checkpoint.every=2"]
+
+
+@pytest.fixture(scope="module")
+def rl_setup(tmp_path_factory):
+    """A tiny Qwen3 fine-tuned to half guess a task with answers 1 or 2, and its problems."""
+    d = tmp_path_factory.mktemp("multiprocess_rl")
+    write_rl_setup(d)
+    return d
+
+
+def _rl_args(d, run, steps=2):
+    # 4 questions x 8 rollouts per step, 2 questions per process; fsdp over the processes.
+    return ["rl", f"model.path={d}/sft_model", "model.chat_format=toy", f"run_dir={d}/{run}",
+            f"stage.dataset={d}/train.jsonl", "stage.name=test", f"stage.steps={steps}",
+            "stage.max_response_tokens=160", "stage.max_turns=2", "rl.questions_per_step=4",
+            "rl.rollouts_per_question=8", "rl.group_size=4", "rl.max_prompt_tokens=128",
+            "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "mesh.fsdp=2", "mesh.tp=2",
+            "rollout.num_slots=8", "rollout.chunk=16", "rollout.show_tool_time=false",
+            "rollout.sandbox_workers=1", "rollout.tool_timeout_s=2", "checkpoint.every=1"]
 
 
 def _start(args, processes=2, devices=2):
@@ -73,16 +94,13 @@ def _comparable(records):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in records]
 
 
-# Minutes of end-to-end processes: the slow tier (`python -m pytest -m slow`), not CI.
-@pytest.mark.slow
-def test_two_processes_survive_a_crash_and_match_one_process(sft_setup):
-    d = sft_setup
-    # The reference: one process, 4 of this test process's devices, the same mesh shape.
-    reference = run_sft(load_config(SFTConfig, overrides=_sft_args(d, "one")[1:]), progress=False)
-
-    # Process 1 dies after the step-4 checkpoint: process 0 stops too, with a message, soon.
-    children = _start(_sft_args(d, "two"))
-    _wait_for(lambda: (d / "two" / "checkpoints" / "4").is_dir(), children)
+def _crash_resume_and_compare(d, args, reference, last_step, kill_after):
+    """Runs `args` as 2 processes, kills process 1 once the step-`kill_after` checkpoint is
+    written (process 0 must stop too, with a message, within 60 s), starts them again to finish,
+    and compares metrics and final params with the 1-process `reference` run in `d/one`."""
+    run = d / "two"
+    children = _start(args)
+    _wait_for(lambda: (run / "checkpoints" / str(kill_after)).is_dir(), children)
     children[1].send_signal(signal.SIGKILL)
     start = time.monotonic()
     _, err = children[0].communicate(timeout=120)
@@ -91,39 +109,58 @@ def test_two_processes_survive_a_crash_and_match_one_process(sft_setup):
     assert children[0].returncode != 0
     assert "another task died" in err, err[-3000:]
     assert elapsed < 60, elapsed
-    assert max(r["step"] for r in read_metrics(d / "two")) >= 4
 
-    # Started again, the run resumes from step 4 and finishes.
-    results = _finish(_start(_sft_args(d, "two")))
+    # Started again, the run resumes from its last checkpoint and finishes.
+    results = _finish(_start(args))
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
 
     # Written once (by process 0), one record per step, the same values as one process's.
-    one, two = read_metrics(d / "one"), read_metrics(d / "two")
-    assert [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]
+    one, two = read_metrics(d / "one"), read_metrics(run)
+    assert [r["step"] for r in two] == list(range(1, last_step + 1))
     for a, b in zip(_comparable(one), _comparable(two), strict=True):
         assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-    checkpoints = Checkpointer(d / "two" / "checkpoints")
-    restored = checkpoints.restore(6, reference)
+    checkpoints = Checkpointer(run / "checkpoints")
+    restored = checkpoints.restore(last_step, reference)
     checkpoints.close()
     for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(restored.state.params),
                     strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=0)
+    return one
+
+
+# Minutes of end-to-end processes: the slow tier (`python -m pytest -m slow`), not CI.
+@pytest.mark.slow
+def test_two_processes_survive_a_crash_and_match_one_process(sft_setup):
+    d = sft_setup
+    # The reference: one process, 4 of this test process's devices, the same mesh shape.
+    reference = run_sft(load_config(SFTConfig, overrides=_sft_args(d, "one")[1:]), progress=False)
+    _crash_resume_and_compare(d, _sft_args(d, "two"), reference, last_step=6, kill_after=4)
+
+
+@pytest.mark.slow
+def test_rl_across_two_processes_matches_one_process(rl_setup):
+    # Each process rolls out 2 of the step's 4 questions with its own sandbox and verifier
+    # pools; the run equals one process's rolling out all 4, through a crash and a resume.
+    d = rl_setup
+    reference = run_rl(load_config(RLJobConfig, overrides=_rl_args(d, "one")[1:]), progress=False)
+    one = _crash_resume_and_compare(d, _rl_args(d, "two"), reference, last_step=2, kill_after=1)
+    assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 for r in one)  # both steps trained
 
 
 def test_launcher_runs_n_processes_and_stops_them_on_failure(capfd):
-    # RL does not run across processes yet: both processes join the run, then stop with a
-    # message, and the launcher reports the failure.
+    # Evaluation does not run across processes yet: both processes join the run, then stop
+    # with a message, and the launcher reports the failure.
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        rc = main(["launch", "--processes", "2", "rl"])
+        rc = main(["launch", "--processes", "2", "eval"])
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert rc == 2
     err = capfd.readouterr().err
-    assert "rl does not run across processes yet" in err and "launch: process" in err
+    assert "eval does not run across processes yet" in err and "launch: process" in err
 
 
 @pytest.mark.parametrize("environ, message", [

@@ -2,62 +2,30 @@
 a stopped-then-resumed run that repeats the uninterrupted one, and one step each with an
 advantage estimator and a policy loss written here, outside the package."""
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_setup import PROBLEMS, write_rl_setup
 from rstar2_jax import chat
 from rstar2_jax.algorithms import GRPO, GRPO_ROC, Rollouts
 from rstar2_jax.config import load_config
-from rstar2_jax.data.datasets import Problem, save_problems
-from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.model import load_hf
+from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
+from rstar2_jax.sandbox import SandboxPool
+from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.toy import TOY_FORMAT
-from rstar2_jax.toy.tokenizer import build_tokenizer
-from rstar2_jax.train.configs import RLJobConfig, SFTConfig
+from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.rl import question_batch, run_rl
-from rstar2_jax.train.sft import run_sft
-
-# A synthetic task with answers 1 or 2 that a briefly fine-tuned tiny model half guesses:
-# rewards differ within groups, so there is a gradient.
-PROBLEMS = [Problem(f"Pick the number for case {i}.", str(1 + i % 2)) for i in range(16)]
-
-
-def _conversation(p: Problem, tool: bool):
-    answer = [{"role": "assistant", "content": f"</reason><answer>\\boxed{{{p.answer}}}</answer>"}]
-    if not tool:
-        return [{"role": "user", "content": p.question}] + answer
-    return [{"role": "user", "content": p.question},
-            {"role": "assistant", "content": chat.format_tool_call(f"print({p.answer})")},
-            {"role": "tool", "content": f"Tool call success\nstdout: {p.answer}"}] + answer
 
 
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("rl")
-    fmt = TOY_FORMAT
-    conversations = [_conversation(p, tool=i % 2 == 0) for i, p in enumerate(PROBLEMS)]
-    with open(d / "sft.jsonl", "w") as f:
-        for c in conversations:
-            f.write(json.dumps({"messages": c}) + "\n")
-    save_problems(d / "train.jsonl", PROBLEMS)
-    corpus = [fmt.prompt_text(p.question) for p in PROBLEMS]
-    corpus += [m["content"] for c in conversations for m in c[1:]]
-    tokenizer = build_tokenizer(corpus * 4, vocab_size=600)
-    config = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=32,
-                         intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                         head_dim=8, qk_norm=True, tie_embeddings=True)
-    save_hf(d / "init", config, init_params(config, jax.random.key(0)))
-    tokenizer.save_pretrained(d / "init")
-    state = run_sft(load_config(SFTConfig, overrides=[
-        f"model.path={d}/init", "model.chat_format=toy", f"data={d}/sft.jsonl",
-        f"run_dir={d}/sft", "seq_len=256", "batch_size=8", "epochs=40", "optimizer.lr=1e-2",
-        "optimizer.warmup_steps=1", "mesh.fsdp=1"]), progress=False)
-    save_hf(d / "sft_model", config, jax.device_get(state.params))
-    tokenizer.save_pretrained(d / "sft_model")
+    write_rl_setup(d)
     return d
 
 
@@ -87,8 +55,6 @@ METRICS = {
 
 def test_rl_steps_train_and_resume_exactly(sft_model):
     d = sft_model
-    from rstar2_jax.model import load_hf
-
     _, before = load_hf(d / "sft_model")
     full = run_rl(_rl_config(d, "full", 2), progress=False)
     records = read_metrics(d / "full")
@@ -142,8 +108,6 @@ def _moved(before, after) -> float:
 
 
 def test_an_advantage_estimator_from_user_code_trains_one_step(sft_model):
-    from rstar2_jax.model import load_hf
-
     d = sft_model
     _, before = load_hf(d / "sft_model")
     ADVANTAGE_CALLS.clear()
@@ -160,8 +124,6 @@ def test_an_advantage_estimator_from_user_code_trains_one_step(sft_model):
 
 
 def test_a_policy_loss_from_user_code_trains_one_step(sft_model):
-    from rstar2_jax.model import load_hf
-
     d = sft_model
     _, before = load_hf(d / "sft_model")
     mine = dataclasses.replace(GRPO, loss=reinforce)
@@ -172,6 +134,25 @@ def test_a_policy_loss_from_user_code_trains_one_step(sft_model):
     assert record["rollouts/kept"] == record["groups/kept"] * 8  # GRPO keeps all 2G
     assert "clip_low_frac" not in record  # GRPO's loss metrics are gone with its loss
     assert _moved(before, state.params) > 1e-4
+
+
+def test_a_share_of_the_questions_draws_what_it_draws_in_the_whole_step(sft_model):
+    # What one host of several rolls out: questions 2 and 3 of 4, started at their offset in
+    # the step, sample the tokens they get when one host rolls out all 4.
+    d = sft_model
+    config, params = load_hf(d / "sft_model")
+    tokenizer = open_tokenizer(d / "sft_model", d / "sft_model", TOY_FORMAT)
+    prompts = [chat.encode_prompt(tokenizer, p.question, TOY_FORMAT) for p in PROBLEMS[:4]]
+    with SandboxPool(num_workers=1, timeout_s=2.0) as pool:
+        sampler = AgentSampler(config, tokenizer, pool,
+                               RolloutSettings(num_slots=8, chunk=16, show_tool_time=False),
+                               RolloutLimits(max_turns=2, max_response_tokens=64, max_prompt_tokens=128),
+                               SamplingParams(temperature=1.0), fmt=TOY_FORMAT)
+        whole, _ = sampler.rollout(params, prompts, 4, seed=7)
+        share, _ = sampler.rollout(params, prompts[2:], 4, seed=7, first_sequence=8)
+        unshifted, _ = sampler.rollout(params, prompts[2:], 4, seed=7)
+    assert [t.response_ids for t in share] == [t.response_ids for t in whole[8:]]
+    assert [t.response_ids for t in unshifted] != [t.response_ids for t in whole[8:]]
 
 
 def test_question_batches_cover_each_epoch_once():

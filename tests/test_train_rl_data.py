@@ -11,6 +11,7 @@ from rstar2_jax.algorithms import DAPO, GRPO, GRPO_ROC, Algorithm, Selection
 from rstar2_jax.sampler.rollout import ToolCallRecord, Trajectory
 from rstar2_jax.sandbox import ExecResult, render_result
 from rstar2_jax.train.rl_data import (
+    KeptRollouts,
     check_algorithm,
     make_batch,
     rollout_arrays,
@@ -85,6 +86,23 @@ def test_selected_rows_are_the_trained_ones_with_their_advantages():
         make_batch(trajs, kept, pad_id=0, seq_len=8)
 
 
+def test_a_hosts_share_of_the_kept_rollouts_and_a_common_row_count():
+    # Two hosts of 2 questions x 2 rollouts each; the selection kept rollouts 1, 2 (host 0) and
+    # 5 (host 1). Host 1 trains on its own rollout 1 (global 5), padded to host 0's 2 rows.
+    kept = KeptRollouts(np.array([1, 2, 5]), np.array([0.5, -0.5, 1.0], np.float32), groups=2)
+    first, second = kept.share(0, 4), kept.share(4, 8)
+    np.testing.assert_array_equal(first.index, [1, 2])
+    np.testing.assert_array_equal(second.index, [1])
+    np.testing.assert_array_equal(second.advantages, [1.0])
+    assert second.groups == 2
+    trajs = [trajectory() for _ in range(4)]
+    batch = make_batch(trajs, second, pad_id=0, seq_len=12, rows=2)
+    assert batch["tokens"].shape == (2, 12) and batch["loss_mask"][1].sum() == 0
+    np.testing.assert_array_equal(batch["advantages"], [1.0, 0.0])
+    with pytest.raises(ValueError, match="rows=1 cannot hold the 2 kept rollouts"):
+        make_batch(trajs, first, pad_id=0, seq_len=12, rows=1)
+
+
 def _with_select(select):
     return dataclasses.replace(GRPO, select=select)
 
@@ -115,22 +133,23 @@ def test_check_algorithm_fails_before_any_rollout():
 def test_error_ratios_are_missing_not_zero_when_undefined():
     trajs = [trajectory([("timeout", TIMEOUT), ("ok", CLEAN)]), trajectory([("ok", CLEAN)]),
              trajectory(), trajectory([("error", TRACEBACK)])]
+    lengths = np.array([len(t.response_ids) for t in trajs])
     # No positive at all: nothing to measure among positives.
     r = rollout_arrays(trajs, np.zeros((1, 4)))
     empty = select_rollouts(GRPO, jax.random.key(0), r, group_size=2)
-    m = rollout_metrics(r, empty, trajs)
+    m = rollout_metrics(r, empty, lengths)
     assert "tools/error_ratio_positives" not in m and "tools/error_ratio_kept_positives" not in m
     assert m["tools/error_ratio"] == pytest.approx(2 / 4) and m["rollouts/positives"] == 0
     # Rollouts 0 and 2 correct: 1 failed call of 2 among positives.
     r = rollout_arrays(trajs, np.array([[1.0, 0.0, 1.0, 0.0]]))
     kept = select_rollouts(GRPO, jax.random.key(0), r, group_size=2)
-    m = rollout_metrics(r, kept, trajs)
+    m = rollout_metrics(r, kept, lengths)
     assert m["tools/error_ratio_positives"] == pytest.approx(0.5)
     assert m["tools/error_ratio_kept_positives"] == pytest.approx(0.5)
     assert (m["rollouts/positives"], m["rollouts/kept_positives"], m["groups/kept"]) == (2, 2, 1)
     # Only the positive without a tool call: no call to take a ratio of.
     r = rollout_arrays(trajs, np.array([[0.0, 0.0, 1.0, 0.0]]))
-    m = rollout_metrics(r, select_rollouts(GRPO, jax.random.key(0), r, group_size=2), trajs)
+    m = rollout_metrics(r, select_rollouts(GRPO, jax.random.key(0), r, group_size=2), lengths)
     assert "tools/error_ratio_positives" not in m and m["rollouts/positives"] == 1
 
 

@@ -37,10 +37,10 @@ from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 _MIN_CACHE_LEN = 128
 
 
-def sequence_keys(seed: int, count: int) -> np.ndarray:
-    """Raw PRNG keys `uint32[count, 2]` of sequences 0..count-1 of a sampling call."""
+def sequence_keys(seed: int, count: int, first: int = 0) -> np.ndarray:
+    """Raw PRNG keys `uint32[count, 2]` of sequences first..first+count-1 of a sampling call."""
     return np.asarray(jax.vmap(jax.random.fold_in, (None, 0))(
-        jax.random.PRNGKey(seed), jnp.arange(count)))
+        jax.random.PRNGKey(seed), first + jnp.arange(count)))
 
 
 def bucket(n: int, minimum: int = 8) -> int:

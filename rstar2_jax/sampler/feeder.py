@@ -11,8 +11,9 @@ class PromptFeeder:
 
     A prompt is prefilled once, into a staging row, when its first sample starts; the staged row
     is copied into the slot of each of its samples as slots free up, and the staging row is
-    reused once all of them have started. Sample s of prompt p draws from key `p * samples + s`
-    of `seed` (see `sequence_keys`), whichever slot and call it starts in.
+    reused once all of them have started. Sample s of prompt p draws from key
+    `first_sequence + p * samples + s` of `seed` (see `sequence_keys`), whichever slot and call
+    it starts in.
 
     Args:
       engine: the slots to fill.
@@ -20,12 +21,14 @@ class PromptFeeder:
       samples: samples per prompt.
       budget: tokens each sample may generate.
       seed: PRNG seed of the samples' keys.
+      first_sequence: key index of the first prompt's first sample (a share of a larger batch
+        passes its offset in that batch, so its samples draw what they would draw there).
     """
 
     def __init__(self, engine: Engine, prompts: list[list[int]], samples: int, budget: int,
-                 seed: int):
+                 seed: int, first_sequence: int = 0):
         self.engine, self.prompts, self.samples, self.budget = engine, prompts, samples, budget
-        self.keys = sequence_keys(seed, len(prompts) * samples)
+        self.keys = sequence_keys(seed, len(prompts) * samples, first_sequence)
         self.queue = collections.deque((p, s) for p in range(len(prompts)) for s in range(samples))
         self.unstarted = collections.Counter(p for p, _ in self.queue)
         self.staged: dict[int, int] = {}  # prompt -> staging row

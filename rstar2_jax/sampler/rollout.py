@@ -227,13 +227,15 @@ class AgentSampler:
 
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
                 on_finish: Callable[[Trajectory], None] | None = None, seed: int = 0,
-                ) -> tuple[list[Trajectory], RolloutStats]:
+                first_sequence: int = 0) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
 
         `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
         it while the other rows are still decoding). Trajectory `p * samples_per_prompt + s`
-        draws from its own key derived from `seed`, so the samples do not depend on slot
-        scheduling or tool timing: the same params, prompts and seed give the same tokens.
+        draws from its own key derived from `seed` (key `first_sequence + p * samples_per_prompt
+        + s`), so the samples do not depend on slot scheduling or tool timing: the same params,
+        prompts and seed give the same tokens, and a share of a batch, started at its offset,
+        gives the tokens its rows get in the whole batch.
 
         Returns the trajectories ordered by (prompt, sample) and timing statistics.
         """
@@ -243,7 +245,7 @@ class AgentSampler:
                     f"prompt {i} has {len(p)} tokens; must be 1..{self.limits.max_prompt_tokens}")
         engine = self._get_engine(params)
         feeder = PromptFeeder(engine, prompts, samples_per_prompt, self.limits.max_response_tokens,
-                              seed)
+                              seed, first_sequence)
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0

@@ -12,7 +12,9 @@ One RL step, for `questions_per_step` questions (docs/algorithms.md):
 The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
 one passed to `run_rl`.
 
-The sampler reads the updated params directly: same process, no weight copy. Everything random
+The sampler reads the updated params directly: same process, no weight copy. Across several
+processes each host rolls out its own share of the questions with its own tool and verifier
+pools and trains on rows of its own rollouts (`rstar2_jax.train.rl_hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one.
 """
@@ -30,7 +32,6 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
-from rstar2_jax.distributed import require_single_process
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
@@ -43,6 +44,7 @@ from rstar2_jax.train.rl_data import (
     rollout_metrics,
     select_rollouts,
 )
+from rstar2_jax.train.rl_hosts import gather, question_share, serving_params
 from rstar2_jax.train.rl_update import RLUpdate
 from rstar2_jax.train.run import start_run
 from rstar2_jax.train.step import TrainState
@@ -77,26 +79,37 @@ class RLLoop:
 
     def step(self, state: TrainState, step: int, rng: jax.Array) -> tuple[TrainState, dict]:
         rl = self.config.rl
+        n = rl.rollouts_per_question
         indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
-        problems = [self.problems[i] for i in indices]
+        share = question_share(len(indices))  # of this process (rl_hosts)
+        problems = [self.problems[i] for i in indices[share]]
         prompts = [chat.encode_prompt(self.tokenizer, p.question, self.fmt) for p in problems]
         step_key = jax.random.fold_in(rng, step)
         rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
         trajs, rewards, stats, reward_wait = score_rollouts(
-            self.sampler, self.verifier, state.params, problems, prompts,
-            rl.rollouts_per_question, rollout_seed)
-        rollouts = rollout_arrays(trajs, rewards)
+            self.sampler, self.verifier, serving_params(state.params), problems, prompts, n,
+            rollout_seed, first_sequence=share.start * n)
+        hosts = gather({
+            "rollouts": rollout_arrays(trajs, rewards),
+            "response_lengths": np.array([len(t.response_ids) for t in trajs], np.int32),
+            "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
+            "tokens": np.array([stats.generated_tokens], np.int64)})
+        rollouts = hosts["rollouts"]
         kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
                                rl.group_size)
-        metrics = rollout_metrics(rollouts, kept, trajs) | {
-            "time/rollout_s": stats.wall_s, "time/tool_wait_s": stats.tool_wait_s,
-            "time/reward_wait_s": reward_wait,
-            "perf/rollout_tokens_per_s": stats.tokens_per_s}
+        rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
+        metrics = rollout_metrics(rollouts, kept, hosts["response_lengths"]) | {
+            "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
+            "time/reward_wait_s": reward_wait_s,
+            "perf/rollout_tokens_per_s": hosts["tokens"].sum() / max(rollout_s, 1e-9)}
         start = time.perf_counter()
         if kept.index.size:
             limits = self.config.limits
-            batch = make_batch(trajs, kept, pad_id=self.pad_id,
-                               seq_len=limits.max_prompt_tokens + limits.max_response_tokens)
+            mine = kept.share(share.start * n, share.stop * n)
+            most = int(np.bincount(kept.index // len(trajs)).max())  # kept rows of the fullest host
+            batch = make_batch(trajs, mine, pad_id=self.pad_id,
+                               seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
+                               rows=1 << max(most - 1, 0).bit_length())
             state, update_metrics = self.update(state, batch)
             metrics |= update_metrics
         else:
@@ -105,9 +118,14 @@ class RLLoop:
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
         # One RL step may take several optimizer updates (mini-batches) or none; the train
         # state's step counts RL steps, the optimizer keeps its own count for the schedule.
-        state = state._replace(step=jax.device_put(jnp.asarray(step + 1, jnp.int32),
-                                                   state.step.sharding))
-        return state, metrics
+        state = state._replace(step=_set_step(state.step, step + 1))
+        return state, {k: float(v) for k, v in metrics.items()}
+
+
+@jax.jit
+def _set_step(old: jax.Array, new: int) -> jax.Array:
+    # Under jit, so that a step counter shared by several processes is set by each of them.
+    return jnp.full_like(old, new)
 
 
 def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
@@ -121,7 +139,6 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
     after each step is logged. Returns the final state.
     """
-    require_single_process("RL")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
     check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size)

@@ -33,6 +33,12 @@ class KeptRollouts:
     advantages: np.ndarray
     groups: int
 
+    def share(self, start: int, stop: int) -> KeptRollouts:
+        """The kept rollouts with indices in ``[start, stop)`` (one host's), indexed from
+        ``start``; ``groups`` stays the whole step's."""
+        mine = (self.index >= start) & (self.index < stop)
+        return KeptRollouts(self.index[mine] - start, self.advantages[mine], self.groups)
+
 
 def rollout_arrays(trajs: Sequence[Trajectory], rewards: np.ndarray) -> Rollouts:
     """`Rollouts` `[questions, n]` of the step's trajectories (trajectory `q * n + i` is question
@@ -117,14 +123,15 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
 
 
 def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
-               seq_len: int) -> dict[str, np.ndarray]:
+               seq_len: int, rows: int | None = None) -> dict[str, np.ndarray]:
     """Right-padded training arrays for the kept rollouts.
 
     Each row is prompt + response, padded to ``seq_len`` tokens: the longest a rollout can be
     (the rollout limits' prompt plus response budget), so every step has the same length. The
-    row count is padded up to a power of two. The jitted update therefore compiles once per row
-    bucket, a set known before the run (powers of two up to questions x G), instead of once per
-    (rows, longest rollout) pair met. Padding rows carry no loss token (they add nothing to the
+    row count is padded up to ``rows`` (default: the next power of two; several processes pass
+    the same power of two, their fullest one's). The jitted update therefore compiles once per
+    row bucket, a set known before the run (powers of two up to questions x G), instead of once
+    per (rows, longest rollout) pair met. Padding rows carry no loss token (they add nothing to the
     loss sums); they attend to themselves, because a row with no visible token at all would
     give NaN logits, and NaN * 0 is still NaN in the backward pass.
 
@@ -133,7 +140,10 @@ def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
     `[rows]` advantages. Raises ValueError for a rollout longer than ``seq_len``.
     """
     chosen = [trajs[i] for i in kept.index]
-    rows = 1 << max(len(chosen) - 1, 0).bit_length()
+    if rows is None:
+        rows = 1 << max(len(chosen) - 1, 0).bit_length()
+    elif rows < len(chosen):
+        raise ValueError(f"rows={rows} cannot hold the {len(chosen)} kept rollouts")
     longest = max((len(t.prompt_ids) + len(t.response_ids) for t in chosen), default=1)
     if longest > seq_len:
         raise ValueError(f"a kept rollout has {longest} tokens, more than seq_len={seq_len} "
@@ -156,8 +166,9 @@ def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
 
 
 def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
-                    trajs: Sequence[Trajectory]) -> dict[str, float]:
+                    response_lengths: np.ndarray) -> dict[str, float]:
     """Per-step statistics of the sampled and the kept rollouts (paper Fig. 4 and §4.3 curves).
+    ``response_lengths``: ``[questions * n]`` tokens after each prompt (tool output included).
 
     A ratio with nothing to measure is absent from the dict, never 0: the tool-error ratios among
     positives when there is no positive (or no positive called a tool), for example.
@@ -188,8 +199,8 @@ def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
         "roc/penalty_mean": float((p_err + p_format).mean()),
         "roc/p_err_mean": float(p_err.mean()),
         "roc/format_penalty_mean": float(p_format.mean()),
-        "response/length_mean": float(np.mean([len(t.response_ids) for t in trajs])),
-        "response/length_max": float(max(len(t.response_ids) for t in trajs)),
+        "response/length_mean": float(np.mean(response_lengths)),
+        "response/length_max": float(np.max(response_lengths)),
         "response/turns_mean": float(flat.turns.mean()),
         "response/truncated": float(flat.truncated.mean()),
     }

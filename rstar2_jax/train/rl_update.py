@@ -20,6 +20,7 @@ Every distinct (rows, seq) shape compiles once; bucket them in the caller.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -31,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from rstar2_jax.algorithms import resolve_algorithm
 from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import batch_spec, named_shardings, place_batch
+from rstar2_jax.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig
 from rstar2_jax.train.step import TrainState, make_train_step
 
@@ -122,13 +123,19 @@ class RLUpdate:
             static_argnums=1, out_shardings=self._rows)
 
     def row_multiple(self) -> int:
-        """Row counts are padded up to a multiple of this (with rows that carry no loss token)."""
+        """Row counts of all processes together are padded up to a multiple of this (with rows
+        that carry no loss token)."""
         per_update = self.config.micro_batch_size or self._fsdp
         return self.config.mini_batches * per_update
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, float]]:
+        """``batch``: this process's rows (all of them on one process), the same row count on
+        every process; the update trains on all processes' rows."""
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
         shifted = place_batch(_shift(batch), self.mesh)
+        tokens = float(_count(shifted["mask"]))  # of all processes
+        if not tokens:
+            raise ValueError("the batch has no generated token to train on")
         rows = shifted["inputs"].shape[0]  # of all processes
         rows_per_update = rows // self.config.mini_batches
         micro = rows_per_update // (self.config.micro_batch_size or rows_per_update)
@@ -146,7 +153,6 @@ class RLUpdate:
         for j in range(self.config.mini_batches):
             state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
-        tokens = float(batch["loss_mask"][:, 1:].sum())
         return state, (_combine(per_update) | {"tokens": tokens}
                        | {k: float(v) for k, v in jax.device_get(stats).items()})
 
@@ -171,16 +177,22 @@ class RLUpdate:
                 raise ValueError(f"{k} must be [rows, seq] = {(rows, seq)}, got {batch[k].shape}")
         if batch["advantages"].shape != (rows,):
             raise ValueError(f"advantages must be [rows] = ({rows},), got {batch['advantages'].shape}")
-        if not batch["loss_mask"][:, 1:].any():
-            raise ValueError("the batch has no generated token to train on")
         if np.any(batch["loss_mask"].astype(bool) & ~batch["attention_mask"].astype(bool)):
             raise ValueError("loss_mask marks padding tokens (attention_mask 0)")
-        pad = -rows % self.row_multiple()
+        # Each process pads its rows alike: to a multiple of its fsdp shards (place_batch) that
+        # makes all processes' rows together a multiple of row_multiple.
+        total, processes = self.row_multiple(), jax.process_count()
+        pad = -rows % math.lcm(process_fsdp_shards(self.mesh), total // math.gcd(total, processes))
         # Padding rows attend to themselves (an all-zero attention row would give NaN logits,
         # and NaN * 0 is NaN in the backward pass) but carry no loss token.
         fill = {"tokens": 0, "attention_mask": 1, "loss_mask": 0, "advantages": 0.0, "sampler_logp": 0.0}
         return {k: np.concatenate([v, np.full((pad, *v.shape[1:]), fill[k], v.dtype)])
                 for k, v in batch.items()}
+
+
+@jax.jit
+def _count(mask: jax.Array) -> jax.Array:
+    return jnp.sum(mask, dtype=jnp.int32)
 
 
 def _combine(per_update: list[dict]) -> dict[str, float]:
