@@ -38,7 +38,7 @@ from rstar2_jax.errors import (
 )
 
 # Jobs that run across processes; the others stop with a message when started as several.
-_MULTI_PROCESS_JOBS = {"sft", "rl"}
+_MULTI_PROCESS_JOBS = {"sft", "rl", "eval", "hard-subset"}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -84,9 +84,12 @@ def _eval(args: argparse.Namespace) -> int:
     config = load_config(EvalConfig, args.config, args.overrides)
     require_writable_file(config.output, "the evaluation output")
     report, records = run_eval(config)
-    write_samples(config.output, records)
-    print(report.summary())
-    print(f"per-sample trajectories: {config.output}")
+    import jax  # joined the run's processes by now (main)
+
+    if jax.process_index() == 0:  # every process has every record
+        write_samples(config.output, records)
+        print(report.summary())
+        print(f"per-sample trajectories: {config.output}")
     return 0
 
 

@@ -15,11 +15,13 @@ import math
 import os
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.errors import ConfigError
+from rstar2_jax.hosts import gather_objects, share as host_share
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
 from rstar2_jax.tokenizer import open_tokenizer
@@ -78,7 +80,9 @@ class SampleRecord:
 def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem], *,
              samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
              ks: Sequence[int] = (1,), seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
-    """Samples every problem `samples` times and scores each sample.
+    """Samples every problem `samples` times and scores each sample. Across several processes
+    each samples its share of the problems (`rstar2_jax.hosts`) and every process returns the
+    report and records of all of them, the same as one process's.
 
     Args:
       sampler: decides temperature, turn and token limits (paper: 0.6, 30 turns, 30K tokens).
@@ -92,29 +96,36 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     """
     if samples < 1 or any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"need samples >= 1 and every k in 1..samples; got {samples}, {ks}")
-    prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems]
-    trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems, prompts,
-                                              samples, seed)
+    mine = host_share(len(problems))  # all of them on one process
+    prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems[mine]]
+    trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems[mine], prompts,
+                                              samples, seed, first_sequence=mine.start * samples)
     records = []
     for t in trajs:
-        reward = float(rewards[t.prompt_index, t.sample_index])
-        problem = problems[t.prompt_index]
+        problem = problems[mine.start + t.prompt_index]
         records.append(SampleRecord(
-            problem=t.prompt_index, sample=t.sample_index, question=problem.question,
-            answer=problem.answer, reward=reward, finish_reason=t.finish_reason,
+            problem=mine.start + t.prompt_index, sample=t.sample_index,
+            question=problem.question, answer=problem.answer,
+            reward=float(rewards[t.prompt_index, t.sample_index]), finish_reason=t.finish_reason,
             response_tokens=len(t.response_ids),
             tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status} for c in t.tool_calls],
             response_text=t.response_text))
+    hosts = gather_objects({"records": [dataclasses.asdict(r) for r in records],
+                            "wall_s": stats.wall_s})
+    records = [SampleRecord(**r) for host in hosts for r in host["records"]]
+    rewards = np.zeros((len(problems), samples), np.float32)
+    for r in records:
+        rewards[r.problem, r.sample] = r.reward
     correct = rewards.sum(axis=1).astype(int)
-    calls = sum(t.num_tool_calls for t in trajs)
+    calls = [c for r in records for c in r.tool_calls]
     report = EvalReport(
         problems=len(problems), samples_per_problem=samples,
         pass_at={k: float(np.mean([pass_at_k(samples, c, k) for c in correct])) for k in ks},
-        mean_response_tokens=float(np.mean([len(t.response_ids) for t in trajs])),
-        tool_calls_per_sample=calls / len(trajs),
-        tool_error_rate=sum(t.num_tool_errors for t in trajs) / max(calls, 1),
-        truncation_rate=float(np.mean([t.truncated for t in trajs])),
-        wall_s=stats.wall_s)
+        mean_response_tokens=float(np.mean([r.response_tokens for r in records])),
+        tool_calls_per_sample=len(calls) / len(records),
+        tool_error_rate=sum(c["status"] != "ok" for c in calls) / max(len(calls), 1),
+        truncation_rate=float(np.mean([r.finish_reason == "budget" for r in records])),
+        wall_s=max(host["wall_s"] for host in hosts))  # the slowest host's
     return report, records
 
 
@@ -173,7 +184,8 @@ def run_hard_subset(config: RLJobConfig) -> tuple[int, int]:
             samples=config.hard_subset.samples, temperature=config.rl.temperature,
             limits=config.limits, fmt=fmt, seed=config.seed)
     kept = hard_subset(problems, records)
-    save_problems(config.hard_subset.output, kept)
+    if jax.process_index() == 0:  # every process has every record
+        save_problems(config.hard_subset.output, kept)
     return len(kept), len(problems)
 
 

@@ -3,6 +3,7 @@
 Each process is a fresh interpreter started the way a cluster launcher starts one (the
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables), running the CLI.
 """
+import json
 import os
 import signal
 import subprocess
@@ -138,7 +139,7 @@ def test_two_processes_survive_a_crash_and_match_one_process(sft_setup):
 
 
 @pytest.mark.slow
-def test_rl_across_two_processes_matches_one_process(rl_setup):
+def test_rl_eval_and_hard_subset_across_two_processes_match_one_process(rl_setup):
     # Each process rolls out 2 of the step's 4 questions with its own sandbox and verifier
     # pools; the run equals one process's rolling out all 4, through a crash and a resume.
     d = rl_setup
@@ -146,21 +147,49 @@ def test_rl_across_two_processes_matches_one_process(rl_setup):
     one = _crash_resume_and_compare(d, _rl_args(d, "two"), reference, last_step=2, kill_after=1)
     assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 for r in one)  # both steps trained
 
+    # Evaluation: 15 problems, 8 on process 0 and 7 on process 1; process 0 writes every
+    # record, sample for sample one process's draws. Not always bit for bit: a row resumed after
+    # a tool call runs batched with whichever rows' results arrived with it, so float noise can
+    # flip a near-tie draw (1 sample of 60 here, once).
+    sampling = ["model.chat_format=toy", "max_turns=2", "max_response_tokens=160",
+                "max_prompt_tokens=128", "rollout.num_slots=8", "rollout.sandbox_workers=1",
+                "temperature=1.0"]
+    evaluation = ["eval", f"model.path={d}/sft_model", f"dataset={d}/train.jsonl", "samples=4",
+                  "limit=15", *sampling]
+    assert main([*evaluation, f"output={d}/eval_one.jsonl"]) == 0
+    results = _finish(_start([*evaluation, f"output={d}/eval_two.jsonl"], devices=1))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    one_eval = (d / "eval_one.jsonl").read_text().splitlines()
+    assert len(one_eval) == 15 * 4 and 0 < sum(json.loads(x)["reward"] for x in one_eval) < 60
+    two_eval = (d / "eval_two.jsonl").read_text().splitlines()
+    key = lambda line: (json.loads(line)["problem"], json.loads(line)["sample"])  # noqa: E731
+    assert [key(x) for x in two_eval] == [key(x) for x in one_eval]
+    assert sum(a == b for a, b in zip(one_eval, two_eval)) >= 0.9 * len(one_eval)
+
+    # The hard subset of the 2-process RL run's policy (restored by each process), 2 processes.
+    stage3 = [*_rl_args(d, "stage3")[1:], f"stage.init_from={d}/two",
+              f"hard_subset.source={d}/train.jsonl", "hard_subset.samples=4"]
+    assert main(["hard-subset", *stage3, f"hard_subset.output={d}/hard_one.jsonl"]) == 0
+    results = _finish(_start(["hard-subset", *stage3, f"hard_subset.output={d}/hard_two.jsonl"]))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    hard = (d / "hard_one.jsonl").read_text()
+    assert 0 < len(hard.splitlines()) < 16 and (d / "hard_two.jsonl").read_text() == hard
+
 
 def test_launcher_runs_n_processes_and_stops_them_on_failure(capfd):
-    # Evaluation does not run across processes yet: both processes join the run, then stop
+    # The toy demo does not run across processes yet: both processes join the run, then stop
     # with a message, and the launcher reports the failure.
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        rc = main(["launch", "--processes", "2", "eval"])
+        rc = main(["launch", "--processes", "2", "demo"])
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert rc == 2
     err = capfd.readouterr().err
-    assert "eval does not run across processes yet" in err and "launch: process" in err
+    assert "demo does not run across processes yet" in err and "launch: process" in err
 
 
 @pytest.mark.parametrize("environ, message", [

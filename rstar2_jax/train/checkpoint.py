@@ -203,14 +203,14 @@ def read_checkpoint_meta(checkpoint_dir: str | Path, step: int | None = None) ->
 
 
 def restore_params(checkpoint_dir: str | Path, step: int | None = None) -> Restored:
-    """The params (no optimizer state) of a run's checkpoint, on one device: step ``step``,
-    default the newest readable one. Raises ModelError naming the directory when it holds no
+    """The params (no optimizer state) of a run's checkpoint, on this process's first device:
+    step ``step``, default the newest readable one. Raises ModelError naming the directory when it holds no
     (such, or no readable) checkpoint."""
     checkpointer, newest = _open_checkpoints(Path(checkpoint_dir), step)
     try:
         # The model config fixes the param shapes; it is the same in every step of a run.
         model_config = ModelConfig(**checkpointer.read_meta(newest)["model_config"])
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         params = jax.tree.map(
             lambda shape: jax.ShapeDtypeStruct(shape, model_config.jnp_dtype, sharding=device),
             param_shapes(model_config), is_leaf=lambda x: isinstance(x, tuple))

@@ -14,7 +14,7 @@ one passed to `run_rl`.
 
 The sampler reads the updated params directly: same process, no weight copy. Across several
 processes each host rolls out its own share of the questions with its own tool and verifier
-pools and trains on rows of its own rollouts (`rstar2_jax.train.rl_hosts`). Everything random
+pools and trains on rows of its own rollouts (`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one.
 """
@@ -32,6 +32,8 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
+from rstar2_jax.errors import ConfigError
+from rstar2_jax.hosts import gather, serving_params, share as host_share
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
@@ -44,7 +46,6 @@ from rstar2_jax.train.rl_data import (
     rollout_metrics,
     select_rollouts,
 )
-from rstar2_jax.train.rl_hosts import gather, question_share, serving_params
 from rstar2_jax.train.rl_update import RLUpdate
 from rstar2_jax.train.run import start_run
 from rstar2_jax.train.step import TrainState
@@ -81,7 +82,7 @@ class RLLoop:
         rl = self.config.rl
         n = rl.rollouts_per_question
         indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
-        share = question_share(len(indices))  # of this process (rl_hosts)
+        share = host_share(len(indices))  # this process's questions (rstar2_jax.hosts)
         problems = [self.problems[i] for i in indices[share]]
         prompts = [chat.encode_prompt(self.tokenizer, p.question, self.fmt) for p in problems]
         step_key = jax.random.fold_in(rng, step)
@@ -139,6 +140,9 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
     after each step is logged. Returns the final state.
     """
+    if config.rl.questions_per_step % jax.process_count():
+        raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} does not split "
+                          f"evenly over the run's {jax.process_count()} processes")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
     check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size)
