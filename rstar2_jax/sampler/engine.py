@@ -35,6 +35,8 @@ from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 # Smallest cache length (slots per row) the engine shrinks to.
 _MIN_CACHE_LEN = 128
+# Prompts that can be staged (prefilled) at once.
+STAGE_ROWS = 8
 
 
 def sequence_keys(seed: int, count: int, first: int = 0) -> np.ndarray:
@@ -190,7 +192,7 @@ class Engine:
 
     def __init__(
         self, params, config: ModelConfig, *, num_slots: int, max_len: int, max_prompt_len: int,
-        sampling: SamplingParams, stop_tokens, chunk: int = 64, stage_rows: int = 8,
+        sampling: SamplingParams, stop_tokens, chunk: int = 64, stage_rows: int = STAGE_ROWS,
         forward_fn=forward_cached,
     ):
         if not stop_tokens:

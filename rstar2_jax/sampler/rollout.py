@@ -19,15 +19,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import time
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
+
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward_cached
-from rstar2_jax.sampler.engine import Engine
+from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
+from rstar2_jax.sampler.memory import check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sandbox import render_result
+
+log = logging.getLogger(__name__)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -49,6 +56,13 @@ class RolloutSettings:
     sandbox_workers: sandbox worker processes (None: one per core).
     verifier_workers: answer-checking processes.
     verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
+    serving_dtype: dtype of the params and KV cache the sampler serves, cast from the trainer's
+      params once per rollout call: "auto" (bfloat16 on GPU and TPU, the model's own dtype on
+      CPU), "float32" or "bfloat16".
+    memory_budget_gib: device memory the rollout engine may use; None: ``memory_fraction`` of
+      the device's free memory where the backend reports it (GPU, TPU), no check on CPU.
+      `rstar2_jax.sampler.memory` plans it before the first rollout.
+    memory_fraction: see ``memory_budget_gib``.
     """
 
     num_slots: int = 64
@@ -59,6 +73,9 @@ class RolloutSettings:
     sandbox_workers: int | None = None
     verifier_workers: int = 1
     verifier_timeout_s: float = 4.0
+    serving_dtype: str = "auto"
+    memory_budget_gib: float | None = None
+    memory_fraction: float = 0.9
 
     def __post_init__(self):
         _check(self.num_slots >= 1, f"rollout.num_slots must be >= 1, got {self.num_slots}")
@@ -72,6 +89,19 @@ class RolloutSettings:
                f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
         _check(self.verifier_timeout_s > 0,
                f"rollout.verifier_timeout_s must be > 0, got {self.verifier_timeout_s}")
+        _check(self.serving_dtype in ("auto", "float32", "bfloat16"),
+               f"rollout.serving_dtype must be auto, float32 or bfloat16, got {self.serving_dtype!r}")
+        _check(self.memory_budget_gib is None or self.memory_budget_gib > 0,
+               f"rollout.memory_budget_gib must be > 0, got {self.memory_budget_gib}")
+        _check(0 < self.memory_fraction <= 1,
+               f"rollout.memory_fraction must be in (0, 1], got {self.memory_fraction}")
+
+    def serving_config(self, config: ModelConfig) -> ModelConfig:
+        """``config`` in the dtype the sampler serves (see ``serving_dtype``)."""
+        dtype = self.serving_dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if jax.default_backend() in ("gpu", "tpu") else config.dtype
+        return dataclasses.replace(config, dtype=dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +210,15 @@ class _Row:
     ready_text: str | None = None  # a response that needs no execution (malformed call)
 
 
+def _cast(params, dtype):
+    """``params`` with every floating array in ``dtype`` (the same arrays if they already are)."""
+    def cast(x):
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dtype) if floating and x.dtype != dtype else x
+
+    return jax.tree.map(cast, params)
+
+
 class AgentSampler:
     """Runs agentic rollouts for batches of prompts; compiled once, reused across RL steps.
 
@@ -214,12 +253,22 @@ class AgentSampler:
         self._engine: Engine | None = None
 
     def _get_engine(self, params) -> Engine:
+        """The engine, serving ``params`` cast to the serving dtype (once per call). The first
+        call plans the engine's memory and stops with a ConfigError if it cannot fit."""
+        serving = self.settings.serving_config(self.config)
+        params = _cast(params, serving.jnp_dtype)
         if self._engine is None:
+            max_len = self.limits.max_prompt_tokens + self.limits.max_response_tokens
+            plan = plan_memory(
+                serving, params, num_slots=self.settings.num_slots, max_len=max_len,
+                max_prompt_len=self.limits.max_prompt_tokens, stage_rows=STAGE_ROWS,
+                budget=device_budget(self.settings.memory_budget_gib, self.settings.memory_fraction))
+            log.info("%s", plan.summary())
+            check_plan(plan)
             self._engine = Engine(
-                params, self.config, num_slots=self.settings.num_slots,
-                max_len=self.limits.max_prompt_tokens + self.limits.max_response_tokens,
+                params, serving, num_slots=self.settings.num_slots, max_len=max_len,
                 max_prompt_len=self.limits.max_prompt_tokens, sampling=self.sampling,
-                stop_tokens=self.stop_tokens, chunk=self.settings.chunk,
+                stop_tokens=self.stop_tokens, chunk=self.settings.chunk, stage_rows=STAGE_ROWS,
                 forward_fn=self.forward_fn,
             )
         self._engine.set_params(params)

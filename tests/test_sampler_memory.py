@@ -1,0 +1,99 @@
+"""The rollout engine's memory plan (checked before the first rollout) and the serving dtype."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from rstar2_jax import chat
+from rstar2_jax.errors import ConfigError
+from rstar2_jax.model import ModelConfig, init_params
+from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
+from rstar2_jax.sampler.engine import STAGE_ROWS
+from rstar2_jax.sampler.memory import GIB, check_plan, plan_memory
+from rstar2_jax.toy import TOY_FORMAT
+from rstar2_jax.toy.tokenizer import build_tokenizer
+
+LIMITS = RolloutLimits(max_turns=2, max_response_tokens=96, max_prompt_tokens=128)
+
+
+class NoTools:
+    """An executor that must not be reached."""
+
+    def submit(self, code, stdin=""):
+        raise AssertionError("a tool call ran")
+
+
+@pytest.fixture(scope="module")
+def model():
+    tokenizer = build_tokenizer([TOY_FORMAT.prompt_text("What is 2 + 2?")] * 5, vocab_size=300)
+    config = ModelConfig(model_type="qwen3", vocab_size=len(tokenizer), hidden_size=32,
+                         intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                         head_dim=8, qk_norm=True)
+    return tokenizer, config, init_params(config, jax.random.key(0))
+
+
+def _sampler(model, **settings):
+    tokenizer, config, _ = model
+    settings = RolloutSettings(num_slots=4, chunk=16, show_tool_time=False, **settings)
+    return AgentSampler(config, tokenizer, NoTools(), settings, LIMITS,
+                        SamplingParams(temperature=1.0), fmt=TOY_FORMAT)
+
+
+def _plan(model, num_slots=4, budget=None, dtype=None):
+    _, config, params = model
+    if dtype is not None:
+        config = dataclasses.replace(config, dtype=dtype)
+    return plan_memory(config, params, num_slots=num_slots,
+                       max_len=LIMITS.max_prompt_tokens + LIMITS.max_response_tokens,
+                       max_prompt_len=LIMITS.max_prompt_tokens, stage_rows=STAGE_ROWS, budget=budget)
+
+
+def _prompts(model, n):
+    tokenizer = model[0]
+    return [chat.encode_prompt(tokenizer, "What is 2 + 2?", TOY_FORMAT)] * n
+
+
+def test_a_configuration_over_budget_stops_before_any_rollout(model):
+    two_slots = _plan(model).peak(2)
+    sampler = _sampler(model, memory_budget_gib=two_slots / GIB)
+    with pytest.raises(ConfigError, match=r"needs up to .* but may use .*set rollout\.num_slots=2 "):
+        sampler.rollout(model[2], _prompts(model, 2), 2)
+    assert sampler._engine is None  # nothing was allocated or compiled
+
+
+def test_an_accepted_plan_completes_and_its_cache_is_the_engines(model):
+    plan = _plan(model)
+    sampler = _sampler(model, memory_budget_gib=plan.peak() / GIB)
+    # A random policy talks until its token budget: the cache grows to its full length.
+    trajs, _ = sampler.rollout(model[2], _prompts(model, 2), 4)
+    assert len(trajs) == 8 and any(t.truncated for t in trajs)
+    cache = sampler._engine.state.cache
+    assert cache.k[0].shape[2] == plan.max_len
+    assert sum(x.nbytes for x in (*cache.k, *cache.v)) == plan.cache
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(model[2]))
+    assert plan.params == params_bytes
+
+
+def test_the_plan_names_the_largest_slot_count_that_fits(model):
+    fits = _plan(model, num_slots=5).peak()
+    assert _plan(model, num_slots=64, budget=fits).max_slots() == 5
+    check_plan(_plan(model, num_slots=5, budget=fits))
+    with pytest.raises(ConfigError, match=r"set rollout\.num_slots=5 or fewer"):
+        check_plan(_plan(model, num_slots=6, budget=fits))
+    with pytest.raises(ConfigError, match="no slot count fits"):
+        check_plan(_plan(model, budget=1))
+    check_plan(_plan(model, num_slots=10**6, budget=None))  # no limit known: nothing to check
+
+
+def test_bfloat16_serving_halves_the_cache_and_casts_the_params(model):
+    assert _plan(model, dtype="bfloat16").kv_per_token * 2 == _plan(model).kv_per_token
+    sampler = _sampler(model, serving_dtype="bfloat16")
+    trajs, _ = sampler.rollout(model[2], _prompts(model, 1), 2)
+    assert len(trajs) == 2 and all(t.response_ids for t in trajs)
+    engine = sampler._engine
+    assert engine.state.cache.k[0].dtype == jnp.bfloat16
+    assert {x.dtype for x in jax.tree.leaves(engine.params)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(model[2])} == {jnp.dtype(jnp.float32)}  # not in place
+    # On CPU "auto" serves the model's own dtype.
+    assert RolloutSettings().serving_config(model[1]).dtype == "float32"
