@@ -83,6 +83,16 @@ def test_rerun_reads_finished_runs_back_and_other_settings_are_an_error(grid):
     changed = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, rl_steps=3))
     with pytest.raises(ValueError, match="rl_steps"):
         run_testbed(changed, progress=False)
+    # A result written before an option existed reads back while the option keeps its default.
+    path = Path(cfg.out) / "results" / "sft" / f"seed{cfg.seeds[0]}.json"
+    result = json.loads(path.read_text())
+    del result["settings"]["rollout"]["serving_dtype"]
+    path.write_text(json.dumps(result))
+    assert run_testbed(cfg, progress=False) == summary
+    bf16 = dataclasses.replace(cfg, demo=dataclasses.replace(
+        cfg.demo, rollout=dataclasses.replace(cfg.demo.rollout, serving_dtype="bfloat16")))
+    with pytest.raises(ValueError, match=r"differing: rollout\.serving_dtype"):
+        run_testbed(bf16, progress=False)
 
 
 def _run(arm, seed, error_ratios, pass1=0.5):

@@ -185,12 +185,28 @@ def _read_result(path: Path, settings: dict) -> dict | None:
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
-    if result["settings"] != settings:
-        changed = sorted(k for k in settings.keys() | result["settings"].keys()
-                         if settings.get(k) != result["settings"].get(k))
+    changed = sorted(_differences(result["settings"], settings, _settings(DemoConfig())))
+    if changed:
         raise ValueError(f"{path} was made with other settings (differing: {', '.join(changed)}); "
                          "use another out directory or delete the result to redo it")
     return result
+
+
+def _differences(saved: dict, current: dict, defaults: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ. A setting the saved result does not have
+    (the option is newer than the result) matches its default, which keeps the behaviour
+    from before the option existed."""
+    out = []
+    for key in saved.keys() | current.keys():
+        default = defaults.get(key) if isinstance(defaults, dict) else None
+        if key not in saved and current.get(key) == default:
+            continue
+        old, new = saved.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += _differences(old, new, default, f"{prefix}{key}.")
+        elif old != new:
+            out.append(f"{prefix}{key}")
+    return out
 
 
 def _write_json(path: Path, value: dict) -> None:
