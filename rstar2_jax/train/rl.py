@@ -37,6 +37,7 @@ from rstar2_jax.hosts import gather, serving_params, share as host_share
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
+from rstar2_jax.sampler.engine import bucket
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import (
@@ -110,7 +111,7 @@ class RLLoop:
             most = int(np.bincount(kept.index // len(trajs)).max())  # kept rows of the fullest host
             batch = make_batch(trajs, mine, pad_id=self.pad_id,
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
-                               rows=1 << max(most - 1, 0).bit_length())
+                               rows=bucket(most, minimum=1))
             state, update_metrics = self.update(state, batch)
             metrics |= update_metrics
         else:

@@ -17,6 +17,7 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, Rollouts, paper_penalty_terms
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler import Trajectory
+from rstar2_jax.sampler.engine import bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +142,7 @@ def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
     """
     chosen = [trajs[i] for i in kept.index]
     if rows is None:
-        rows = 1 << max(len(chosen) - 1, 0).bit_length()
+        rows = bucket(len(chosen), minimum=1)
     elif rows < len(chosen):
         raise ValueError(f"rows={rows} cannot hold the {len(chosen)} kept rollouts")
     longest = max((len(t.prompt_ids) + len(t.response_ids) for t in chosen), default=1)
