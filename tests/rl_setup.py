@@ -25,6 +25,19 @@ def _conversation(p: Problem, tool: bool):
             {"role": "tool", "content": f"Tool call success\nstdout: {p.answer}"}] + answer
 
 
+def rl_overrides(d, run, steps, *overrides):
+    """``key=value`` settings of an RL stage on this task in ``d`` (as `write_rl_setup` wrote
+    it): 4 questions x 8 rollouts per step, G = 4, the real sandbox and verifier; run directory
+    ``d/run``. ``overrides`` come last and win."""
+    return [f"model.path={d}/sft_model", "model.chat_format=toy", f"run_dir={d}/{run}",
+            f"stage.dataset={d}/train.jsonl", "stage.name=test", f"stage.steps={steps}",
+            "stage.max_response_tokens=160", "stage.max_turns=2", "rl.questions_per_step=4",
+            "rl.rollouts_per_question=8", "rl.group_size=4", "rl.max_prompt_tokens=128",
+            "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "rollout.num_slots=8",
+            "rollout.chunk=16", "rollout.show_tool_time=false", "rollout.sandbox_workers=1",
+            "rollout.tool_timeout_s=2", "checkpoint.every=1", *overrides]
+
+
 def write_rl_setup(d):
     """Writes the problems `d/train.jsonl` and the fine-tuned checkpoint `d/sft_model` (toy chat
     format; one device, 40 epochs of 16 conversations)."""

@@ -18,7 +18,7 @@ from rstar2_jax.cli import main
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.distributed import free_port, initialize_from_env
 from rstar2_jax.train.checkpoint import Checkpointer
-from rl_setup import write_rl_setup
+from rl_setup import rl_overrides, write_rl_setup
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.rl import run_rl
@@ -55,13 +55,7 @@ def rl_setup(tmp_path_factory):
 
 def _rl_args(d, run, steps=2):
     # 4 questions x 8 rollouts per step, 2 questions per process; fsdp over the processes.
-    return ["rl", f"model.path={d}/sft_model", "model.chat_format=toy", f"run_dir={d}/{run}",
-            f"stage.dataset={d}/train.jsonl", "stage.name=test", f"stage.steps={steps}",
-            "stage.max_response_tokens=160", "stage.max_turns=2", "rl.questions_per_step=4",
-            "rl.rollouts_per_question=8", "rl.group_size=4", "rl.max_prompt_tokens=128",
-            "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "mesh.fsdp=2", "mesh.tp=2",
-            "rollout.num_slots=8", "rollout.chunk=16", "rollout.show_tool_time=false",
-            "rollout.sandbox_workers=1", "rollout.tool_timeout_s=2", "checkpoint.every=1"]
+    return ["rl", *rl_overrides(d, run, steps, "mesh.fsdp=2", "mesh.tp=2")]
 
 
 def _start(args, processes=2, devices=2):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_setup import PROBLEMS, write_rl_setup
+from rl_setup import PROBLEMS, rl_overrides, write_rl_setup
 from rstar2_jax import chat
 from rstar2_jax.algorithms import GRPO, GRPO_ROC, Rollouts
 from rstar2_jax.config import load_config
@@ -30,15 +30,8 @@ def sft_model(tmp_path_factory):
 
 
 def _rl_config(d, run, steps, *overrides):
-    return load_config(RLJobConfig, overrides=[
-        f"model.path={d}/sft_model", "model.chat_format=toy", f"run_dir={d}/{run}",
-        f"stage.dataset={d}/train.jsonl", "stage.name=test", f"stage.steps={steps}",
-        "stage.max_response_tokens=160", "stage.max_turns=2", "rl.questions_per_step=4",
-        "rl.rollouts_per_question=8", "rl.group_size=4", "rl.max_prompt_tokens=128",
-        "rl.mini_batches=2", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "mesh.fsdp=1",
-        "rollout.num_slots=8", "rollout.chunk=16", "rollout.show_tool_time=false",
-        "rollout.sandbox_workers=1", "rollout.tool_timeout_s=2", "checkpoint.every=1",
-        *overrides])
+    return load_config(RLJobConfig, overrides=rl_overrides(
+        d, run, steps, "rl.mini_batches=2", "mesh.fsdp=1", *overrides))
 
 
 # Every step logs these; the tool-error ratios are logged when there is something to measure.

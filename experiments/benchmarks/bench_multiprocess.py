@@ -64,13 +64,11 @@ def sft_args(d: Path, name: str, steps: int, seq_len: int) -> list[str]:
 
 def rl_args(d: Path, name: str, steps: int, seq_len: int) -> list[str]:
     del seq_len  # the rollout budget sets it
-    return ["rl", f"model.path={d}/sft_model", "model.chat_format=toy", f"run_dir={d}/{name}",
-            f"stage.dataset={d}/train.jsonl", "stage.name=bench", f"stage.steps={steps}",
-            "stage.max_response_tokens=160", "stage.max_turns=2", "rl.questions_per_step=8",
-            "rl.rollouts_per_question=8", "rl.group_size=4", "rl.max_prompt_tokens=128",
-            "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "mesh.fsdp=2", "mesh.tp=2",
-            "rollout.num_slots=32", "rollout.chunk=16", "rollout.show_tool_time=false",
-            "rollout.sandbox_workers=1", "rollout.tool_timeout_s=2", f"checkpoint.every={steps}"]
+    from rl_setup import rl_overrides
+
+    return ["rl", *rl_overrides(d, name, steps, "stage.name=bench", "rl.questions_per_step=8",
+                                "mesh.fsdp=2", "mesh.tp=2", "rollout.num_slots=32",
+                                f"checkpoint.every={steps}")]
 
 
 PHASES = {"sft": {"data s": "time/data", "update s": "time/update"},
