@@ -204,8 +204,8 @@ def read_checkpoint_meta(checkpoint_dir: str | Path, step: int | None = None) ->
 
 def restore_params(checkpoint_dir: str | Path, step: int | None = None) -> Restored:
     """The params (no optimizer state) of a run's checkpoint, on this process's first device:
-    step ``step``, default the newest readable one. Raises ModelError naming the directory when it holds no
-    (such, or no readable) checkpoint."""
+    step ``step``, default the newest readable one. Raises ModelError naming the directory when
+    it holds no (such, or no readable) checkpoint."""
     checkpointer, newest = _open_checkpoints(Path(checkpoint_dir), step)
     try:
         # The model config fixes the param shapes; it is the same in every step of a run.
