@@ -142,11 +142,12 @@ def place_batch(local_rows: dict, mesh: Mesh) -> dict:
 
 
 def cache_specs(config: ModelConfig, mesh: Mesh, batch: int) -> KVCache:
-    """Specs of a `KVCache` of `batch` rows: rows over fsdp, kv heads over tp (where divisible)."""
+    """Specs of a contiguous `KVCache` of `batch` rows (`init_cache`: a page per row): rows and
+    their pages over fsdp, kv heads over tp (where divisible)."""
     rows = _fit((FSDP,), (batch,), mesh)
     kv_heads = _fit((TP,), (config.num_kv_heads,), mesh)
     kv = (P(*rows, *kv_heads, None, None),) * config.num_layers
-    return KVCache(k=kv, v=kv, lengths=rows)
+    return KVCache(k=kv, v=kv, block_table=P(*rows, None), lengths=P(*rows))
 
 
 def sharded_forward(config: ModelConfig, mesh: Mesh):

@@ -1,6 +1,7 @@
 """A scripted policy for sampler tests: emits fixed assistant turns, whatever the tool says.
 
-It has the cached-forward signature of the model. Its "KV cache" stores the token ids themselves,
+It has the cached-forward signature of the model. Its "KV cache" stores the token ids themselves
+(in the pages the engine gives each row),
 so it can read a row's whole history: the turn index is the number of `<|im_start|>` tokens
 after the prompt's three (system, user, assistant), two per tool response; the offset is the
 number of tokens since the last `<|im_start|>assistant\\n<reason>`. Script `i` is chosen by the
@@ -13,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
-from rstar2_jax.model import KVCache, ModelConfig
+from rstar2_jax.model import ModelConfig
+from rstar2_jax.model.cache import read_rows, write_tokens
 
 FORMAT = chat.ChatFormat(system_prompt="Use the tool.", user_template="{question}")
 
@@ -44,13 +46,11 @@ def make_policy(tokenizer, scripts):
         batch, t = tokens.shape
         size = cache.max_len
         num_new = jnp.full((batch,), t, jnp.int32) if num_new is None else num_new
-        pos = cache.lengths[:, None] + jnp.arange(t)
-        slots = jnp.where(jnp.arange(t) < num_new[:, None], pos, size)
-        # The token history lives in layer 0's keys, [B, K, S, D] at kv head 0, dim 0.
-        k = cache.k[0].at[jnp.arange(batch)[:, None], 0, slots, 0].set(
-            tokens.astype(cache.k[0].dtype), mode="drop")
+        # The token history lives in layer 0's keys, at kv head 0, dim 0.
+        new = jnp.broadcast_to(tokens[:, None, :, None], (batch, 1, t, 2))
+        k = write_tokens(cache, cache.k[0], new, num_new)
         n = cache.lengths + num_new
-        hist = k[:, 0, :, 0].astype(jnp.int32)
+        hist = read_rows(cache, k)[:, 0, :, 0].astype(jnp.int32)  # [B, S]
         starts = (hist == im_start) & (jnp.arange(size)[None] < n[:, None])
         last_start = jnp.max(jnp.where(starts, jnp.arange(size)[None], -1), axis=1)
         turn = (starts.sum(1) - 3) // 2  # system, user, assistant; +2 per tool response
@@ -59,7 +59,7 @@ def make_policy(tokenizer, scripts):
         nxt = params["script"][script, jnp.clip(turn, 0, max_turns - 1),
                                jnp.clip(offset, 0, width - 1)]
         logits = jax.nn.one_hot(nxt, vocab) * 30.0
-        return logits, KVCache(k=(k,), v=cache.v, lengths=n)
+        return logits, cache.replace(k=(k,), lengths=n)
 
     return config, params, forward, markers
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from helpers_hf import tiny_random_model
-from rstar2_jax.model import copy_rows, forward, forward_cached, init_cache
+from rstar2_jax.model import KVCache, forward, forward_cached, init_cache
+from rstar2_jax.model.cache import copy_pages, empty_pages
 
 TOL = 1e-4
 
@@ -72,18 +73,48 @@ def test_last_only_returns_each_rows_last_real_token():
     np.testing.assert_array_equal(new_cache.lengths, [6, 3])
 
 
-def test_copied_prompt_rows_continue_like_their_own_prefill():
-    """One prompt prefilled once and copied to the other rows, then different continuations."""
+def _paged(config, tables, page_size, num_pages):
+    k, v = empty_pages(config, num_pages, page_size)
+    return KVCache(k=k, v=v, block_table=jnp.asarray(tables, jnp.int32),
+                   lengths=jnp.zeros((len(tables),), jnp.int32))
+
+
+def test_rows_in_scattered_pages_match_the_full_forward():
+    """Rows whose pages are spread over the pool in no order, prefilled in two ragged chunks
+    and decoded, give the full causal forward's logits; other rows' pages are left alone."""
+    config, params = tiny_random_model("qwen3")
+    seqs = np.random.default_rng(4).integers(0, config.vocab_size, (2, 11)).astype(np.int32)
+    pages = np.random.default_rng(5).permutation(9)  # page 8 belongs to no row
+    cache = _paged(config, [pages[:4], pages[4:8]], page_size=3, num_pages=9)
+    logits = np.zeros((2, 11, config.vocab_size), np.float32)
+    for num_new in ([5, 2], [4, 7], *([[1, 1]] * 2)):
+        start = np.asarray(cache.lengths)
+        tokens = np.zeros((2, max(num_new)), np.int32)
+        for b, n in enumerate(num_new):
+            tokens[b, :n] = seqs[b, start[b]:start[b] + n]
+        out, cache = forward_cached(params, config, jnp.asarray(tokens), cache,
+                                    jnp.asarray(num_new, jnp.int32))
+        for b, n in enumerate(num_new):
+            logits[b, start[b]:start[b] + n] = np.asarray(out)[b, :n]
+
+    full = np.asarray(forward(params, config, jnp.asarray(seqs)))
+    assert np.abs(logits - full).max() <= TOL
+    assert not np.asarray(cache.k[0][pages[8]]).any()
+
+
+def test_rows_sharing_a_prompts_pages_continue_like_their_own_prefill():
+    """One prompt prefilled once; two more rows share its full pages and copies of its partial
+    last page (`copy_pages`), then each continues differently."""
     config, params = tiny_random_model("qwen2")
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, config.vocab_size, 7).astype(np.int32)
     continuations = rng.integers(0, config.vocab_size, (3, 4)).astype(np.int32)
 
-    cache = init_cache(config, 3, 12)
-    _, cache = forward_cached(params, config, jnp.asarray(np.tile(prompt, (3, 1))), cache,
-                              jnp.array([7, 0, 0], jnp.int32))
-    cache = copy_rows(cache, cache, jnp.array([0, 0]), jnp.array([1, 2]))
-    np.testing.assert_array_equal(cache.lengths, [7, 7, 7])
+    staged = _paged(config, [[0, 1]], page_size=4, num_pages=7)
+    _, staged = forward_cached(params, config, jnp.asarray(prompt[None]), staged)
+    pages = copy_pages((staged.k, staged.v), jnp.array([1, 1]), jnp.array([2, 3]))
+    tables = jnp.array([[0, 1, 4], [0, 2, 5], [0, 3, 6]])  # page 0 shared, 1 copied to 2 and 3
+    cache = KVCache(k=pages[0], v=pages[1], block_table=tables, lengths=jnp.full((3,), 7, jnp.int32))
     logits, _ = forward_cached(params, config, jnp.asarray(continuations), cache)
 
     full = forward(params, config, jnp.asarray(np.concatenate([np.tile(prompt, (3, 1)), continuations], 1)))

@@ -8,6 +8,7 @@ import transformers
 
 from helpers_hf import make_tiny_hf_checkpoint
 from rstar2_jax.model import load_hf, token_logprobs
+from rstar2_jax.model.cache import copy_pages
 from rstar2_jax.sampler import engine as engine_lib
 from rstar2_jax.sampler import generate
 
@@ -72,6 +73,17 @@ def test_sampler_logprobs_match_the_forward(checkpoint):
                                        atol=1e-4)
 
 
+def test_each_prompt_can_have_its_own_budget(checkpoint):
+    _, config, params = checkpoint
+    full = generate(params, config, PROMPTS, 9, temperature=1.0, seed=2)
+    budgets = [9, 1, 4, 6]
+    each = generate(params, config, PROMPTS, budgets, temperature=1.0, seed=2, num_slots=2)
+    assert [g.tokens for g in each] == [f.tokens[:n] for f, n in zip(full, budgets)]
+    assert {g.finish_reason for g in each} == {"length"}
+    with pytest.raises(ValueError, match="one per prompt"):
+        generate(params, config, PROMPTS, [9, 1], temperature=1.0)
+
+
 def test_stop_tokens_end_rows_independently(checkpoint):
     _, config, params = checkpoint
     free = generate(params, config, PROMPTS, 20)
@@ -86,7 +98,7 @@ def test_stop_tokens_end_rows_independently(checkpoint):
 
 def test_no_recompilation_inside_warm_buckets(checkpoint):
     _, config, params = checkpoint
-    fns = [engine_lib.decode_chunk, engine_lib.prefill_stage, engine_lib.admit]
+    fns = [engine_lib.decode_chunk, engine_lib.prefill, copy_pages]
     rng = np.random.default_rng(0)
 
     def batch(lengths):
@@ -101,40 +113,65 @@ def test_no_recompilation_inside_warm_buckets(checkpoint):
     assert [f._cache_size() for f in fns] == sizes
 
 
-def test_cache_follows_the_longest_row(checkpoint, monkeypatch):
-    """The cache grows past its first bucket as rows lengthen and shrinks once they finish and
-    short rows take their slots; tokens are those of transformers throughout."""
+def test_the_block_table_follows_the_longest_row(checkpoint, monkeypatch):
+    """The table a decode step reads widens past its first bucket as rows lengthen and narrows
+    once they finish and short rows take their slots; tokens are those of transformers
+    throughout."""
     path, config, params = checkpoint
-    sizes = []
+    widths = []
 
-    def recording_resize(cache, max_len):
-        sizes.append(max_len)
-        return resize(cache, max_len)
+    def recording_decode(params, pages, block_table, *args, **kwargs):
+        widths.append(block_table.shape[1] * pages[0][0].shape[2])
+        return decode(params, pages, block_table, *args, **kwargs)
 
-    resize = engine_lib.resize_cache
-    monkeypatch.setattr(engine_lib, "resize_cache", recording_resize)
-    new = 150  # prompt + 150 tokens crosses the 128-slot bucket
+    decode = engine_lib.decode_chunk
+    monkeypatch.setattr(engine_lib, "decode_chunk", recording_decode)
+    new = 150  # prompt + 150 tokens crosses the 128-position bucket
     ours = generate(params, config, PROMPTS, new, num_slots=2, chunk=16)
 
     assert [g.tokens for g in ours] == hf_greedy(path, PROMPTS, new)
-    grown = next(i for i, size in enumerate(sizes) if size > 128)
-    assert 128 in sizes[grown:]  # shrank back when the next prompts replaced the long rows
+    grown = next(i for i, width in enumerate(widths) if width > 128)
+    assert 128 in widths[grown:]  # narrowed when the next prompts replaced the long rows
 
 
-@pytest.mark.parametrize("release", [True, False])
-def test_released_rows_stop_holding_the_cache(checkpoint, release):
-    """A long row that finished keeps the cache long until it is released."""
+def test_rows_hold_the_pages_their_tokens_fill(checkpoint):
+    """A row holds pages for its tokens and its next decode call, not for max_len; a released
+    row's pages and a prompt's staged pages go back to the pool."""
     _, config, params = checkpoint
     engine = engine_lib.Engine(params, config, num_slots=2, max_len=512, max_prompt_len=16,
-                               sampling=engine_lib.SamplingParams(), stop_tokens=(-1,), chunk=32)
+                               sampling=engine_lib.SamplingParams(), stop_tokens=(-1,), chunk=32,
+                               page_size=16)
+    assert engine.num_pages == 2 * 32 + engine_lib.STAGE_ROWS
     keys = engine_lib.sequence_keys(0, 2)
-    engine.stage_prompts([0, 1], [PROMPTS[0], PROMPTS[1]])
-    engine.admit([(0, 0, PROMPTS[0][-1], 150, keys[0])])
-    while engine.decode().count[0]:
-        pass
-    assert engine.state.cache.max_len == 256
-    if release:
-        engine.release([0])
-    engine.admit([(1, 1, PROMPTS[1][-1], 20, keys[1])])
-    engine.decode()
-    assert engine.state.cache.max_len == (128 if release else 256)
+    (staged,) = engine.stage_prompts([PROMPTS[3]])  # 10 tokens staged: one partial page
+    engine.admit([(staged, 0, 100, keys[0]), (staged, 1, 40, keys[1])])
+    engine.unstage(staged)
+    while engine.decode().count.any():
+        assert len(engine.tables[0]) == engine.pages_for(len(engine.history[0]))
+    # 11 + 100 tokens, the last one pending: no page past them.
+    assert [len(engine.history[s]) for s in (0, 1)] == [110, 50]
+    assert len(engine.tables[0]) == 7 and len(engine.tables[1]) == 4
+    assert engine.num_pages - len(engine.free) == 11
+    engine.release([0, 1])
+    assert len(engine.free) == engine.num_pages
+
+
+def test_a_small_pool_preempts_and_resumes_rows_with_the_same_tokens(checkpoint, monkeypatch):
+    """With pages for little more than one full row, rows are preempted (their pages taken back)
+    and later recomputed from their tokens; every row still gets transformers' tokens."""
+    path, config, params = checkpoint
+    preempted = []
+    evict = engine_lib.Engine._evict
+
+    def recording_evict(self, slot):
+        preempted.append(slot)
+        evict(self, slot)
+
+    monkeypatch.setattr(engine_lib.Engine, "_evict", recording_evict)
+    new = 120
+    # One row of 16 + 120 tokens is 9 pages of 16; 4 staged prompts hold 4 more.
+    ours = generate(params, config, PROMPTS, new, num_slots=4, chunk=8, page_size=16,
+                    num_pages=9 + 4 + 3)
+
+    assert preempted
+    assert [g.tokens for g in ours] == hf_greedy(path, PROMPTS, new)

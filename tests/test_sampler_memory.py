@@ -45,8 +45,15 @@ def _plan(model, num_slots=4, budget=None, dtype=None):
     if dtype is not None:
         config = dataclasses.replace(config, dtype=dtype)
     return plan_memory(config, params, num_slots=num_slots,
+                       num_rows=RolloutSettings(num_slots=num_slots).rows,
                        max_len=LIMITS.max_prompt_tokens + LIMITS.max_response_tokens,
-                       max_prompt_len=LIMITS.max_prompt_tokens, stage_rows=STAGE_ROWS, budget=budget)
+                       max_prompt_len=LIMITS.max_prompt_tokens, stage_rows=STAGE_ROWS,
+                       page_size=RolloutSettings().page_size, budget=budget)
+
+
+def _least(plan):
+    """The smallest budget the plan accepts."""
+    return plan.fixed() + plan.least_pages * plan.page_bytes
 
 
 def _prompts(model, n):
@@ -55,28 +62,36 @@ def _prompts(model, n):
 
 
 def test_a_configuration_over_budget_stops_before_any_rollout(model):
-    two_slots = _plan(model).peak(2)
-    sampler = _sampler(model, memory_budget_gib=two_slots / GIB)
-    with pytest.raises(ConfigError, match=r"needs up to .* but may use .*set rollout\.num_slots=2 "):
+    plan = _plan(model)
+    sampler = _sampler(model, memory_budget_gib=(_least(plan) - 1) / GIB)
+    with pytest.raises(ConfigError, match=rf"needs at least .* but may use .*smallest page pool, "
+                                          rf"{plan.least_pages} pages .*set rollout\.num_slots=3 "):
         sampler.rollout(model[2], _prompts(model, 2), 2)
     assert sampler._engine is None  # nothing was allocated or compiled
 
 
-def test_an_accepted_plan_completes_and_its_cache_is_the_engines(model):
-    plan = _plan(model)
-    sampler = _sampler(model, memory_budget_gib=plan.peak() / GIB)
-    # A random policy talks until its token budget: the cache grows to its full length.
-    trajs, _ = sampler.rollout(model[2], _prompts(model, 2), 4)
+def test_an_accepted_plan_completes_and_its_pool_is_the_engines(model):
+    plan = _plan(model, budget=_least(_plan(model)))
+    assert plan.num_pages == plan.least_pages < plan.full_pages
+    sampler = _sampler(model, memory_budget_gib=plan.budget / GIB)
+    pools = []
+
+    def inspect(_):
+        pools.append(sum(x.nbytes for x in jax.tree.leaves(sampler._engine.pages)))
+
+    # A random policy talks until its token budget: rows grow to their full length, more of
+    # them than the pool holds at once.
+    trajs, _ = sampler.rollout(model[2], _prompts(model, 2), 4, on_finish=inspect)
     assert len(trajs) == 8 and any(t.truncated for t in trajs)
-    cache = sampler._engine.state.cache
-    assert cache.k[0].shape[2] == plan.max_len
-    assert sum(x.nbytes for x in (*cache.k, *cache.v)) == plan.cache
+    assert set(pools) == {plan.pool}
+    assert sampler._engine.num_pages == plan.num_pages
+    assert sampler._engine.pages is None  # the pool is dropped after the rollout
     params_bytes = sum(x.nbytes for x in jax.tree.leaves(model[2]))
     assert plan.params == params_bytes
 
 
 def test_the_plan_names_the_largest_slot_count_that_fits(model):
-    fits = _plan(model, num_slots=5).peak()
+    fits = _least(_plan(model, num_slots=5))
     assert _plan(model, num_slots=64, budget=fits).max_slots() == 5
     check_plan(_plan(model, num_slots=5, budget=fits))
     with pytest.raises(ConfigError, match=r"set rollout\.num_slots=5 or fewer"):
@@ -84,16 +99,24 @@ def test_the_plan_names_the_largest_slot_count_that_fits(model):
     with pytest.raises(ConfigError, match="no slot count fits"):
         check_plan(_plan(model, budget=1))
     check_plan(_plan(model, num_slots=10**6, budget=None))  # no limit known: nothing to check
+    # A budget past what every slot at full length needs gives them no more pages than that.
+    roomy = _plan(model, budget=100 * _least(_plan(model)))
+    assert roomy.num_pages == roomy.full_pages
 
 
 def test_bfloat16_serving_halves_the_cache_and_casts_the_params(model):
     assert _plan(model, dtype="bfloat16").kv_per_token * 2 == _plan(model).kv_per_token
     sampler = _sampler(model, serving_dtype="bfloat16")
-    trajs, _ = sampler.rollout(model[2], _prompts(model, 1), 2)
+    seen = []
+
+    def inspect(_):
+        engine = sampler._engine
+        seen.append(({x.dtype for x in jax.tree.leaves(engine.pages)},
+                     {x.dtype for x in jax.tree.leaves(engine.params)}))
+
+    trajs, _ = sampler.rollout(model[2], _prompts(model, 1), 2, on_finish=inspect)
     assert len(trajs) == 2 and all(t.response_ids for t in trajs)
-    engine = sampler._engine
-    assert engine.state.cache.k[0].dtype == jnp.bfloat16
-    assert {x.dtype for x in jax.tree.leaves(engine.params)} == {jnp.dtype(jnp.bfloat16)}
+    assert set(map(frozenset, sum(seen, ()))) == {frozenset({jnp.dtype(jnp.bfloat16)})}
     assert {x.dtype for x in jax.tree.leaves(model[2])} == {jnp.dtype(jnp.float32)}  # not in place
     # On CPU "auto" serves the model's own dtype.
     assert RolloutSettings().serving_config(model[1]).dtype == "float32"

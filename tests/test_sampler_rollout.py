@@ -11,6 +11,8 @@ import pytest
 
 from rstar2_jax import chat
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
+from rstar2_jax.sampler.engine import STAGE_ROWS, bucket
+from rstar2_jax.sampler.memory import GIB, plan_memory
 from rstar2_jax.sandbox import SandboxPool
 from scripted_policy import FORMAT, make_policy, prompts_for
 
@@ -50,6 +52,8 @@ SCRIPTS = [
     [call("print(2)"), "<answer>\\boxed{2}</answer>"],
     # 6: talks until the token budget runs out.
     ["blah " * 400],
+    # 7: answers after a long think (8x the tokens of script 2).
+    ["Let me compute this with Python. " * 20 + "</reason><answer>\\boxed{3}</answer>"],
 ]
 
 
@@ -58,9 +62,10 @@ def expected_turn_ids(tokenizer, text):
         tokenizer.convert_tokens_to_ids(chat.IM_END)]
 
 
-def make_sampler(tokenizer, executor, num_slots=4, **limits):
+def make_sampler(tokenizer, executor, num_slots=4, settings=None, **limits):
     config, params, forward, markers = make_policy(tokenizer, SCRIPTS)
-    settings = RolloutSettings(num_slots=num_slots, show_tool_time=False, chunk=16)
+    settings = RolloutSettings(num_slots=num_slots, show_tool_time=False, chunk=16,
+                               **(settings or {}))
     limits = RolloutLimits(**{"max_turns": 4, "max_response_tokens": 600, "max_prompt_tokens": 64,
                               **limits})
     sampler = AgentSampler(config, tokenizer, executor, settings, limits,
@@ -167,6 +172,23 @@ def test_rows_pause_and_resume_independently_and_slots_refill(tokenizer, pool):
     assert stats.tool_wait_s < stats.wall_s
 
 
+def test_a_row_waiting_on_its_tool_gives_its_slot_to_another_row(tokenizer, pool):
+    """One decode slot, two rows in flight: while the slow call runs, the other row decodes
+    the six fast trajectories one after another in the slot the waiting row left."""
+    spy = SpyExecutor(pool)
+    sampler, params, markers = make_sampler(tokenizer, spy, num_slots=1,
+                                            settings=dict(num_rows=2))
+    sampler.rollout(params, prompts_for(tokenizer, markers, [4, 5]))  # compile everything
+    spy.events.clear()
+    trajs, _ = sampler.rollout(params, prompts_for(tokenizer, markers, [4] + [5] * 6))
+    assert [t.finish_reason for t in trajs] == ["answer"] * 7
+    slow_done = next(t for kind, code, t in spy.events if kind == "done" and "sleep" in code)
+    fast_submits = [t for kind, code, t in spy.events if kind == "submit" and code == "print(2)"]
+    assert len(fast_submits) == 6 and max(fast_submits) < slow_done
+    for t in trajs[1:]:
+        check_layout(tokenizer, t, SCRIPTS[5])
+
+
 def test_samples_of_a_prompt_share_one_prefill(tokenizer, pool):
     sampler, params, markers = make_sampler(tokenizer, pool, num_slots=3)
     prompts = prompts_for(tokenizer, markers, [2, 5])
@@ -187,3 +209,66 @@ def test_every_free_slot_is_filled_before_decoding(tokenizer, pool):
     turn = len(expected_turn_ids(tokenizer, SCRIPTS[2][0]))
     assert sampler._engine.decode_calls == -(-turn // sampler.settings.chunk)
     assert [t.finish_reason for t in trajs] == ["answer"] * 12
+
+
+def _budget_for_pages(sampler, params, pages):
+    """A memory budget (GiB) whose plan gives the engine's pool `pages` pages."""
+    settings, limits = sampler.settings, sampler.limits
+    plan = plan_memory(sampler.config, params, num_slots=settings.num_slots, num_rows=settings.rows,
+                       max_len=limits.max_prompt_tokens + limits.max_response_tokens,
+                       max_prompt_len=limits.max_prompt_tokens, stage_rows=STAGE_ROWS,
+                       page_size=settings.page_size, budget=None)
+    return (plan.fixed() + pages * plan.page_bytes) / GIB
+
+
+def _tokens(trajs):
+    return [(t.response_ids, t.loss_mask, [c.status for c in t.tool_calls], t.finish_reason)
+            for t in trajs]
+
+
+def test_a_long_tail_batch_completes_in_a_pool_a_slots_x_bucket_cache_would_overflow(
+        tokenizer, pool):
+    """Eight rows, one 8x longer than the others: a cache of slots x (the longest row's
+    bucket) would need 2,048 positions; the budget's pool holds a quarter of that, and the batch
+    completes with the tokens of an unconstrained run."""
+    scripts = [7] + [2] * 7
+    limits = dict(max_response_tokens=200, max_prompt_tokens=32)
+    free_sampler, params, markers = make_sampler(tokenizer, pool, num_slots=8,
+                                                 settings=dict(page_size=8), **limits)
+    prompts = prompts_for(tokenizer, markers, scripts)
+    unconstrained, _ = free_sampler.rollout(params, prompts)
+    sampler, _, _ = make_sampler(tokenizer, pool, num_slots=8, **limits, settings=dict(
+        page_size=8, memory_budget_gib=_budget_for_pages(free_sampler, params, 64)))
+
+    trajs, _ = sampler.rollout(params, prompts)
+
+    assert sampler.plan.num_pages == 64 and sampler.plan.fits
+    longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+    shortest = min(len(t.response_ids) for t in trajs)
+    assert len(trajs[0].response_ids) >= 8 * shortest
+    slots_x_bucket = 8 * bucket(longest, 128)
+    assert slots_x_bucket == 2048 and sampler.plan.num_pages * 8 * 4 <= slots_x_bucket
+    assert sampler._engine.most_pages_used <= 64
+    assert [t.finish_reason for t in trajs] == ["answer"] * 8
+    assert _tokens(trajs) == _tokens(unconstrained)
+
+
+def test_rows_preempted_while_decoding_or_waiting_on_a_tool_finish_the_same(tokenizer, pool):
+    """The smallest pool the plan accepts (one row at full length and the staged prompts):
+    rows are preempted (with this mix, some while their tool call runs) and recomputed from
+    their tokens; every trajectory is the one an unconstrained run gives."""
+    scripts = [7, 6, 3, 0, 1, 4, 5, 3]
+    limits = dict(max_response_tokens=200, max_prompt_tokens=32)
+    free_sampler, params, markers = make_sampler(tokenizer, pool, num_slots=8,
+                                                 settings=dict(page_size=8), **limits)
+    prompts = prompts_for(tokenizer, markers, scripts)
+    unconstrained, _ = free_sampler.rollout(params, prompts)
+    least = free_sampler.plan.least_pages
+    sampler, _, _ = make_sampler(tokenizer, pool, num_slots=8, **limits, settings=dict(
+        page_size=8, memory_budget_gib=_budget_for_pages(free_sampler, params, least)))
+
+    trajs, _ = sampler.rollout(params, prompts)
+
+    assert sampler.plan.num_pages == least < free_sampler.plan.num_pages
+    assert sampler._engine.preemptions > 0
+    assert _tokens(trajs) == _tokens(unconstrained)

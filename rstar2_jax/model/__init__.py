@@ -8,7 +8,7 @@
 The params tree is documented in `params.py`, padding conventions in `transformer.py` and the
 cache layout in `cache.py`.
 """
-from rstar2_jax.model.cache import KVCache, copy_rows, forward_cached, init_cache
+from rstar2_jax.model.cache import KVCache, forward_cached, init_cache
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.hf import load_hf, save_hf
 from rstar2_jax.model.logprobs import token_logprobs
@@ -16,7 +16,7 @@ from rstar2_jax.model.params import init_params, param_shapes
 from rstar2_jax.model.transformer import forward, hidden_states, logits_from_hidden
 
 __all__ = [
-    "KVCache", "ModelConfig", "copy_rows", "forward", "forward_cached", "hidden_states",
+    "KVCache", "ModelConfig", "forward", "forward_cached", "hidden_states",
     "init_cache", "init_params", "load_hf", "logits_from_hidden", "param_shapes", "save_hf",
     "token_logprobs",
 ]

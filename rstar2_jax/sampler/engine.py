@@ -1,26 +1,40 @@
-"""The device side of sampling: a fixed set of slots over one KV cache.
+"""The device side of sampling: rows of sequences over a paged KV cache, decoded in slots.
 
-Every slot (row) holds one sequence contiguously in the cache plus a *pending* token: the last
-token chosen for the row but not yet written to the cache. A decode step feeds each active row
-its pending token, writes it to the cache and samples the next one. This one convention serves
-all three ways a row changes:
+Every row holds one sequence, in pages of the shared pool (see `rstar2_jax.model.cache`), plus a
+*pending* token: the last token chosen for the row but not yet written to the cache. A decode
+step feeds each active row its pending token, writes it to the cache and samples the next one.
+This one convention serves every way a row changes:
 
-- a new prompt: its first `n-1` tokens are prefilled (once per prompt, into a staging cache,
-  then copied into as many slots as the prompt has samples) and its last token becomes pending;
-- decoding: one token per step for every active row, inside a jit-compiled `while_loop` that
-  stops after `chunk` steps, when no row is active, or once `min_stops` rows have stopped (so
-  the host can dispatch tool calls while the other rows keep going on the next call);
-- resuming after a tool call: `[pending] + tool_tokens[:-1]` are prefilled into the row's cache
-  and `tool_tokens[-1]` becomes pending. A row never re-prefills its history.
+- a new prompt: its first `n-1` tokens are prefilled once per prompt into pages of their own
+  (*staged*); each of its samples then starts with the prompt's full pages shared and a copy of
+  the partial last one, and the prompt's last token pending;
+- decoding: one token per step for every row in a decode slot, inside a jit-compiled
+  `while_loop` that stops after `chunk` steps, when no row is active, or once `min_stops` rows
+  have stopped (so the host can dispatch tool calls while the other rows keep going on the next
+  call). There may be more rows than slots: each call takes the oldest active rows, so a row
+  paused for a tool call leaves its slot to another;
+- resuming after a tool call: `[pending] + tool_tokens[:-1]` are appended to the row's history
+  and `tool_tokens[-1]` becomes pending; the appended tokens are prefilled before the next
+  decode. A row never re-prefills its history, unless it was preempted.
 
-Shapes are static: `num_slots` and `chunk` are fixed per `Engine`; prefill lengths, row counts and
-the cache length are rounded up to power-of-two buckets, so nothing recompiles once buckets are
-warm. The cache follows its longest row (a bucket above it, at most `max_len`): a decode step
-attends over every cache slot, so a cache sized for the longest possible response would make
-every step as slow as the last step of the longest one.
+Memory: the host owns the block tables and hands out pages as rows grow, `chunk` tokens ahead.
+When the pool runs out, the newest rows are *preempted*: their pages go back to the pool and
+their token history stays on the host; they are prefilled again (recomputed) when pages free up.
+The oldest active row can always run (the pool holds at least one full-length row, see
+`rstar2_jax.sampler.memory`), so a batch always finishes. A sequence's tokens do not depend on
+preemption: token n of a row is drawn with `fold_in(key, n)`.
+
+Per-row state (history, pages, pending token, budget, key) lives on the host and is passed to
+each call, so moving a row between slots costs nothing. Shapes are static: `num_slots`, `chunk`
+and the pool are fixed per `Engine`; prefill widths and the block table's width are rounded up
+to power-of-two buckets, so nothing recompiles once buckets are warm. The table a decode step
+reads follows the longest active row: a decode step attends over every position of its table, so
+a table sized for the longest possible response would make every step as slow as the last step
+of the longest one.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax
@@ -28,14 +42,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar2_jax.model import KVCache, ModelConfig, copy_rows, forward_cached, init_cache
-from rstar2_jax.model.cache import decode_layout, resize_cache
+from rstar2_jax.model import KVCache, ModelConfig, forward_cached
+from rstar2_jax.model.cache import copy_pages, decode_layout, empty_pages
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
-
-# Smallest cache length (slots per row) the engine shrinks to.
-_MIN_CACHE_LEN = 128
-# Prompts that can be staged (prefilled) at once.
+# Positions the narrowest block table covers.
+_MIN_TABLE_TOKENS = 128
+# Rows per prefill call (prompts staged together, rows resumed or restored together). Prefill
+# calls always take this many rows and the widest block table, so that their programs differ
+# only in the tokens' width bucket: a handful of compilations, all met early.
+PREFILL_ROWS = 8
+# Tokens per row per prefill call at most: a longer prefill (a restored row) takes several,
+# which bounds the [rows, heads, tokens, positions] attention scores of one call.
+PREFILL_WIDTH = 512
+# Prompts that can be staged at once (each holds its pages until all its samples started).
 STAGE_ROWS = 8
 
 
@@ -54,34 +74,29 @@ def bucket(n: int, minimum: int = 8) -> int:
 
 
 @flax.struct.dataclass
-class SlotState:
-    """Per-slot decoding state (all on device)."""
-
-    cache: KVCache  # num_slots rows; its length follows the longest row (see the module doc)
-    pending: jax.Array  # [slots] int32: next token to feed, not yet in the cache
-    active: jax.Array  # [slots] bool: row is generating
-    budget: jax.Array  # [slots] int32: tokens the row may still generate before it must stop
-    keys: jax.Array  # [slots, 2] uint32: the row's sequence key; token n is drawn with
-    #                  fold_in(key, n), so a sequence's samples do not depend on scheduling
-
-
-@flax.struct.dataclass
 class ChunkOutput:
-    """What one decode call produced, per slot."""
+    """What one decode call produced, per slot (`decode_chunk`) or per row (`Engine.decode`)."""
 
-    tokens: jax.Array  # [slots, chunk] int32, valid up to count
-    logprobs: jax.Array  # [slots, chunk] float32 sampler log-probs of those tokens
-    count: jax.Array  # [slots] int32 tokens generated by this call
-    stopped: jax.Array  # [slots] bool: row stopped in this call (stop token or budget)
+    tokens: jax.Array  # [n, chunk] int32, valid up to count
+    logprobs: jax.Array  # [n, chunk] float32 sampler log-probs of those tokens
+    count: jax.Array  # [n] int32 tokens generated by this call
+    stopped: jax.Array  # [n] bool: row stopped in this call (stop token or budget)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "chunk", "forward_fn"),
                    donate_argnums=(1,))
-def decode_chunk(params, state: SlotState, stop_ids, min_stops, *, config, sampling, chunk,
-                 forward_fn):
-    num_slots = state.pending.shape[0]
+def decode_chunk(params, pages, block_table, lengths, pending, active, budget, keys, stop_ids,
+                 min_stops, *, config, sampling, chunk, forward_fn):
+    """Up to `chunk` decode steps of the `active` rows.
+
+    pages: the pools `(k, v)` (donated); block_table [slots, W] int32; lengths, pending, budget
+    [slots] int32; active [slots] bool; keys [slots, 2] uint32 (see `Engine`).
+    Returns the updated pools and a `ChunkOutput`.
+    """
+    num_slots = pending.shape[0]
     rows = jnp.arange(num_slots)
     params = decode_layout(params)  # once per call, not per step
+    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths)
     out = ChunkOutput(
         tokens=jnp.zeros((num_slots, chunk), jnp.int32),
         logprobs=jnp.zeros((num_slots, chunk), jnp.float32),
@@ -90,109 +105,79 @@ def decode_chunk(params, state: SlotState, stop_ids, min_stops, *, config, sampl
     )
 
     def cond(carry):
-        step, state, out = carry
-        return (step < chunk) & jnp.any(state.active) & (jnp.sum(out.stopped) < min_stops)
+        step, _, _, active, _, out = carry
+        return (step < chunk) & jnp.any(active) & (jnp.sum(out.stopped) < min_stops)
 
     def body(carry):
-        step, state, out = carry
-        live = state.active
+        step, cache, pending, live, budget, out = carry
         # Keyed by the position of the token being drawn (cache length after this write).
-        keys = jax.vmap(jax.random.fold_in)(state.keys, state.cache.lengths + 1)
-        logits, cache = forward_fn(
-            params, config, state.pending[:, None], state.cache,
-            num_new=live.astype(jnp.int32), last_only=True,
-        )
-        token, logp = sample_tokens(keys, logits, sampling)
+        step_keys = jax.vmap(jax.random.fold_in)(keys, cache.lengths + 1)
+        logits, cache = forward_fn(params, config, pending[:, None], cache,
+                                   num_new=live.astype(jnp.int32), last_only=True)
+        token, logp = sample_tokens(step_keys, logits, sampling)
         index = jnp.where(live, out.count, chunk)  # out of range -> dropped
+        budget = budget - live
+        stop = live & (jnp.isin(token, stop_ids) | (budget <= 0))
         out = ChunkOutput(
             tokens=out.tokens.at[rows, index].set(token, mode="drop"),
             logprobs=out.logprobs.at[rows, index].set(logp, mode="drop"),
             count=out.count + live,
-            stopped=out.stopped,
+            stopped=out.stopped | stop,
         )
-        budget = state.budget - live
-        stop = live & (jnp.isin(token, stop_ids) | (budget <= 0))
-        out = out.replace(stopped=out.stopped | stop)
-        state = state.replace(
-            cache=cache,
-            pending=jnp.where(live, token, state.pending),
-            active=live & ~stop,
-            budget=budget,
-        )
-        return step + 1, state, out
+        return step + 1, cache, jnp.where(live, token, pending), live & ~stop, budget, out
 
-    _, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
-    return state, out
+    _, cache, *_, out = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), cache, pending, active, budget, out))
+    return (cache.k, cache.v), out
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forward_fn"), donate_argnums=(1,))
-def prefill_stage(params, stage: KVCache, tokens, num_new, reset, *, config, forward_fn):
-    """Prefills prompts into staging rows; rows with `reset` start from an empty cache."""
-    stage = stage.replace(lengths=jnp.where(reset, 0, stage.lengths))
-    _, stage = forward_fn(params, config, tokens, stage, num_new=num_new, last_only=True)
-    return stage
+def prefill(params, pages, block_table, lengths, tokens, num_new, *, config, forward_fn):
+    """Writes `tokens` [rows, T] (`num_new` [rows] real) after each row's `lengths` into its
+    pages; returns the updated pools."""
+    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths)
+    _, cache = forward_fn(params, config, tokens, cache, num_new=num_new, last_only=True)
+    return cache.k, cache.v
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def admit(state: SlotState, stage: KVCache, src, dst, pending, budget, keys):
-    """Copies staged prompt rows `src` into slots `dst` (out-of-range dst entries are padding)."""
-    return SlotState(
-        cache=copy_rows(state.cache, stage, src, dst),
-        pending=state.pending.at[dst].set(pending, mode="drop"),
-        active=state.active.at[dst].set(True, mode="drop"),
-        budget=state.budget.at[dst].set(budget, mode="drop"),
-        keys=state.keys.at[dst].set(keys, mode="drop"),
-    )
+@dataclasses.dataclass
+class StagedPrompt:
+    """A prompt whose first `n-1` tokens are prefilled into `pages`; `last` is its last token."""
 
-
-@functools.partial(jax.jit, static_argnames=("config", "forward_fn"), donate_argnums=(1,))
-def extend(params, state: SlotState, slots, tokens, num_new, pending, budget, *, config,
-           forward_fn):
-    """Prefills appended tokens (e.g. a tool response) into rows `slots` and reactivates them.
-
-    Only those rows go through the model: they are gathered into a small cache, extended and
-    written back. Out-of-range `slots` entries are padding (their `num_new` must be 0).
-    """
-    def gather(layer):
-        return layer.at[slots].get(mode="fill", fill_value=0)
-
-    def put(layer, rows):
-        return layer.at[slots].set(rows, mode="drop")
-
-    cache = state.cache
-    rows = KVCache(k=tuple(map(gather, cache.k)), v=tuple(map(gather, cache.v)),
-                   lengths=gather(cache.lengths))
-    _, rows = forward_fn(params, config, tokens, rows, num_new=num_new, last_only=True)
-    return state.replace(
-        cache=KVCache(k=tuple(map(put, cache.k, rows.k)), v=tuple(map(put, cache.v, rows.v)),
-                      lengths=put(cache.lengths, rows.lengths)),
-        pending=put(state.pending, pending),
-        active=put(state.active, jnp.ones_like(pending, bool)),
-        budget=put(state.budget, budget),
-    )
+    tokens: list[int]
+    last: int
+    pages: list[int]
 
 
 class Engine:
-    """Host handle on the slot state: admits prompts, decodes, resumes rows.
+    """Host handle on the rows and the page pool: stages prompts, admits, decodes, resumes.
 
     Args:
       params, config: the policy (params are read, never copied: the trainer's latest params can
         be swapped in with `set_params`).
-      num_slots: rows decoded together.
-      max_len: the most tokens a row may hold (prompt + response, tool tokens included); the
-        cache grows towards it as rows get longer and shrinks when they are released.
-      max_prompt_len: longest prompt accepted (sets the staging cache length).
+      num_slots: rows decoded together (the decode batch).
+      num_rows: sequences held at once (default `num_slots`): rows beyond the slots wait for one
+        (an agentic row waiting on its tool call needs pages but no row); each decode call runs
+        the oldest active rows that fit in the slots and the pool.
+      max_len: the most tokens a row may hold (prompt + response, tool tokens included).
+      max_prompt_len: longest prompt accepted.
       sampling: token selection settings.
       stop_tokens: ids that end a row's turn (e.g. `<|im_end|>`, eos).
       chunk: decode steps per device call at most.
-      stage_rows: prompts that can be staged at once (each is copied to its samples' slots).
+      page_size: tokens per page.
+      num_pages: pages in the pool; default: enough for every row at `max_len` (its pages
+        rounded up to a power of two, so that calls with nearby lengths share programs) and
+        `stage_rows` staged prompts, so that nothing is ever preempted. At least one row at
+        `max_len` plus the staged prompts.
+      stage_rows: prompts that can be staged at once (each is shared by its samples' rows).
       forward_fn: the cached forward, `forward_cached` of the model by default; tests pass a
         scripted policy with the same signature.
     """
 
     def __init__(
         self, params, config: ModelConfig, *, num_slots: int, max_len: int, max_prompt_len: int,
-        sampling: SamplingParams, stop_tokens, chunk: int = 64, stage_rows: int = STAGE_ROWS,
+        sampling: SamplingParams, stop_tokens, chunk: int = 64, num_rows: int | None = None,
+        page_size: int = 32, num_pages: int | None = None, stage_rows: int = STAGE_ROWS,
         forward_fn=forward_cached,
     ):
         if not stop_tokens:
@@ -202,124 +187,260 @@ class Engine:
         self.params = params
         self.config = config
         self.num_slots = num_slots
+        self.num_rows = num_rows = num_rows or num_slots
+        if num_rows < num_slots:
+            raise ValueError(f"num_rows {num_rows} is fewer than num_slots {num_slots}")
         self.max_len = max_len
-        self.stage_len = max_prompt_len
+        self.max_prompt_len = max_prompt_len
         self.stage_rows = stage_rows
         self.chunk = chunk
-        self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
-        self.decode_calls = 0
-        # Host copies of per-slot state, so that the host never waits on the device to read them.
-        self.lengths = np.zeros((num_slots,), np.int64)  # tokens in each slot's cache, 0 if free
-        self.active = np.zeros((num_slots,), bool)  # slot is generating
-        self.staged_lengths = np.zeros((stage_rows,), np.int64)
-        self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
-        self.state = SlotState(
-            cache=init_cache(config, num_slots, min(_MIN_CACHE_LEN, max_len)),
-            pending=jnp.zeros((num_slots,), jnp.int32),
-            active=jnp.zeros((num_slots,), bool),
-            budget=jnp.zeros((num_slots,), jnp.int32),
-            keys=jnp.zeros((num_slots, 2), jnp.uint32),
-        )
-        self.stage = init_cache(config, stage_rows, self.stage_len)
+        self.page_size = page_size
+        self.pages_per_row = self.pages_for(max_len)
+        stage_pages = stage_rows * self.pages_for(max_prompt_len)
+        least = self.pages_per_row + stage_pages
+        if num_pages is None:
+            num_pages = num_rows * bucket(self.pages_per_row, minimum=1) + stage_pages
+        if num_pages < least:
+            raise ValueError(f"{num_pages} pages cannot hold one row of {max_len} tokens and "
+                             f"{stage_rows} staged prompts ({least} pages of {page_size} tokens)")
+        self.num_pages = num_pages
         self.sampling = sampling
         self.forward_fn = forward_fn
+        self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
+        self.pages = empty_pages(config, num_pages, page_size)
+        self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
+        self.decode_calls = 0
+        self.decode_steps = 0  # model steps run by decode calls (each for all running rows)
+        self.preemptions = 0
+        self.most_pages_used = 0
+        # Pages: reference counts (a staged prompt's full pages are shared by its samples).
+        self.refs = np.zeros((num_pages,), np.int64)
+        self.free: list[int] = list(range(num_pages - 1, -1, -1))
+        # Per row, on the host: the tokens meant to be in its cache, how many are, its pages.
+        self.history: list[list[int]] = [[] for _ in range(num_rows)]
+        self.written = np.zeros((num_rows,), np.int64)
+        self.tables: list[list[int]] = [[] for _ in range(num_rows)]
+        self.pending = np.zeros((num_rows,), np.int32)
+        self.budget = np.zeros((num_rows,), np.int32)
+        self.keys = np.zeros((num_rows, 2), np.uint32)
+        self.active = np.zeros((num_rows,), bool)  # the row wants to generate
+        self.order = np.zeros((num_rows,), np.int64)  # admission order: the newest yields first
+        self._admitted = 0
 
     def set_params(self, params) -> None:
         self.params = params
 
-    def release(self, slots) -> None:
-        """Marks slots as free: the cache no longer needs to hold their tokens."""
-        self.lengths[list(slots)] = 0
+    def close(self) -> None:
+        """Drops the page pool (device memory); the engine cannot be used afterwards."""
+        self.pages = None
 
-    def _fit(self, need: int) -> None:
-        """Resizes the cache to the smallest bucket of at least `need` slots (at most max_len)."""
-        size = min(bucket(need, minimum=_MIN_CACHE_LEN), self.max_len)
-        if size != self.state.cache.max_len:
-            self.state = self.state.replace(cache=resize_cache(self.state.cache, size))
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
 
-    def stage_prompts(self, rows: list[int], prompts: list[list[int]]) -> None:
-        """Prefills `prompts[i][:-1]` into staging row `rows[i]` (one prefill per prompt)."""
-        if not prompts:
-            return
+    # -- pages ------------------------------------------------------------------------------
+
+    def _alloc(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise RuntimeError(f"page pool exhausted: {n} pages wanted, {len(self.free)} free")
+        pages = [self.free.pop() for _ in range(n)]
+        self.refs[pages] += 1
+        self.most_pages_used = max(self.most_pages_used, self.num_pages - len(self.free))
+        return pages
+
+    def _unref(self, pages: list[int]) -> None:
+        for page in pages:
+            self.refs[page] -= 1
+            if self.refs[page] == 0:
+                self.free.append(page)
+
+    def _need(self, row: int) -> int:
+        """Pages the row needs to run its next decode call."""
+        ahead = min(self.chunk, int(self.budget[row]))
+        return self.pages_for(len(self.history[row]) + ahead)
+
+    def spare_pages(self) -> int:
+        """Free pages not needed by the active rows' next decode call."""
+        growth = sum(max(self._need(s) - len(self.tables[s]), 0)
+                     for s in np.flatnonzero(self.active))
+        return len(self.free) - growth
+
+    def _evict(self, row: int) -> None:
+        self._unref(self.tables[row])
+        self.tables[row] = []
+        self.written[row] = 0
+        self.preemptions += 1
+
+    # -- device calls -----------------------------------------------------------------------
+
+    def _table(self, tables: list[list[int]], rows: int, pages: int = 1) -> np.ndarray:
+        """Block tables [rows, W] of `tables`, W the bucket of the longest (at least `pages`)."""
+        width = bucket(max([pages, *map(len, tables)]), self.pages_for(_MIN_TABLE_TOKENS))
+        out = np.zeros((rows, width), np.int32)
+        for i, pages in enumerate(tables):
+            out[i, : len(pages)] = pages
+        return out
+
+    def _prefill(self, items: list[tuple[list[int], int, list[int]]]) -> None:
+        """Writes `tokens` at positions `start..` of the rows with pages `table`, for each
+        `(table, start, tokens)`, PREFILL_ROWS rows and PREFILL_WIDTH tokens per call."""
+        todo = [(table, start, list(tokens)) for table, start, tokens in items if tokens]
+        while todo:
+            group, todo = todo[:PREFILL_ROWS], todo[PREFILL_ROWS:]
+            width = min(bucket(max(len(t) for _, _, t in group)), PREFILL_WIDTH)
+            tokens = np.zeros((PREFILL_ROWS, width), np.int32)
+            lengths = np.zeros((PREFILL_ROWS,), np.int32)
+            num_new = np.zeros((PREFILL_ROWS,), np.int32)
+            for i, (_, start, toks) in enumerate(group):
+                n = min(len(toks), width)
+                tokens[i, :n], lengths[i], num_new[i] = toks[:n], start, n
+            table = self._table([table for table, _, _ in group], PREFILL_ROWS,
+                                self.pages_per_row)
+            self.pages = prefill(self.params, self.pages, table,
+                                 lengths, tokens, num_new, config=self.config,
+                                 forward_fn=self.forward_fn)
+            todo = [(table, start + width, toks[width:])
+                    for table, start, toks in group if len(toks) > width] + todo
+
+    def stage_prompts(self, prompts: list[list[int]]) -> list[StagedPrompt]:
+        """Prefills `prompt[:-1]` of each prompt into pages of its own (one prefill per prompt;
+        the caller checks `spare_pages` first). Release each with `unstage` once its samples
+        are admitted."""
         for p in prompts:
-            if not 1 <= len(p) <= self.stage_len:
-                raise ValueError(f"prompt of {len(p)} tokens; must be 1..{self.stage_len}")
-        width = bucket(max(len(p) - 1 for p in prompts), minimum=8)
-        width = min(width, self.stage_len)
-        tokens = np.zeros((self.stage_rows, width), np.int32)
-        num_new = np.zeros((self.stage_rows,), np.int32)
-        reset = np.zeros((self.stage_rows,), bool)
-        for row, prompt in zip(rows, prompts):
-            tokens[row, : len(prompt) - 1] = prompt[:-1]
-            num_new[row] = len(prompt) - 1
-            reset[row] = True
-            self.staged_lengths[row] = len(prompt) - 1
-        self.stage = prefill_stage(self.params, self.stage, tokens, num_new, reset,
-                                   config=self.config, forward_fn=self.forward_fn)
+            if not 1 <= len(p) <= self.max_prompt_len:
+                raise ValueError(f"prompt of {len(p)} tokens; must be 1..{self.max_prompt_len}")
+        staged = [StagedPrompt(list(p[:-1]), p[-1], self._alloc(self.pages_for(len(p) - 1)))
+                  for p in prompts]
+        self._prefill([(s.pages, 0, s.tokens) for s in staged])
         self.prompts_prefilled += len(prompts)
+        return staged
 
-    def admit(self, pairs: list[tuple[int, int, int, int, np.ndarray]]) -> None:
+    def unstage(self, staged: StagedPrompt) -> None:
+        self._unref(staged.pages)
+        staged.pages = []
+
+    def admit(self, rows: list[tuple[StagedPrompt, int, int, np.ndarray]]) -> None:
         """Starts rows from staged prompts.
 
         Args:
-          pairs: `(stage_row, slot, last_prompt_token, budget, key)` per new row; `budget` is
-            the number of tokens the row may generate and must fit the cache; `key` (raw
-            `uint32[2]` PRNG key) seeds the row's draws.
+          rows: `(staged, row, budget, key)` per new row; `budget` is the number of tokens the
+            row may generate (prompt + budget <= max_len); `key` (raw `uint32[2]` PRNG key)
+            seeds the row's draws.
         """
-        if not pairs:
-            return
-        n = bucket(len(pairs), minimum=1)
-        src = np.zeros((n,), np.int32)
-        dst = np.full((n,), self.num_slots, np.int32)  # padding: dropped
-        pending = np.zeros((n,), np.int32)
-        budget = np.zeros((n,), np.int32)
-        keys = np.zeros((n, 2), np.uint32)
-        lengths = self.lengths.copy()
-        for i, (row, slot, last, b, key) in enumerate(pairs):
-            src[i], dst[i], pending[i], budget[i], keys[i] = row, slot, last, b, key
-            lengths[slot] = self.staged_lengths[row]
-            self.active[slot] = True
-        self._fit(int(lengths.max()))
-        self.lengths = lengths
-        self.state = admit(self.state, self.stage, src, dst, pending, budget, keys)
+        src, dst = [], []
+        for staged, row, budget, key in rows:
+            full, partial = divmod(len(staged.tokens), self.page_size)
+            shared = staged.pages[:full]
+            self.refs[shared] += 1
+            self.tables[row] = shared
+            if partial:  # the row writes into its last page: it gets a copy of its own
+                self.tables[row] = shared + self._alloc(1)
+                src.append(staged.pages[full])
+                dst.append(self.tables[row][-1])
+            self.history[row] = list(staged.tokens)
+            self.written[row] = len(staged.tokens)
+            self.pending[row], self.budget[row], self.keys[row] = staged.last, budget, key
+            self.active[row] = True
+            self.order[row] = self._admitted
+            self._admitted += 1
+        if src:
+            n = bucket(len(src), minimum=1)
+            pad = [self.num_pages] * (n - len(src))  # out of range: dropped
+            self.pages = copy_pages(self.pages, np.asarray(src + [0] * len(pad), np.int32),
+                                    np.asarray(dst + pad, np.int32))
+
+    def release(self, rows) -> None:
+        """Frees rows: their pages go back to the pool."""
+        for row in rows:
+            self._unref(self.tables[row])
+            self.tables[row], self.history[row] = [], []
+            self.written[row] = 0
+            self.active[row] = False
+
+    def resume(self, rows: dict[int, tuple[list[int], int, int]]) -> None:
+        """Appends tokens to paused rows and reactivates them (the tokens are prefilled before
+        the next decode).
+
+        Args:
+          rows: row -> (tokens to append, next pending token, budget). The tokens start with
+            the row's current pending token.
+        """
+        for row, (tokens, pending, budget) in rows.items():
+            self.history[row] += tokens
+            self.pending[row], self.budget[row] = pending, budget
+            self.active[row] = True
+
+    def _schedule(self) -> np.ndarray:
+        """Picks the rows of the next decode call: the oldest active rows, at most `num_slots`,
+        each with pages for the call, preempting the newest rows when the pool runs out;
+        prefills what their caches lack. Returns their indices, oldest first."""
+        runs = []
+        waiting = sorted(np.flatnonzero(self.active), key=lambda r: self.order[r])
+        for row in waiting[: self.num_slots]:
+            missing = self._need(row) - len(self.tables[row])
+            while missing > len(self.free):
+                victim = self._victim(row, oldest=not runs)
+                if victim is None:
+                    break
+                self._evict(victim)
+            if missing > len(self.free):
+                if not runs:
+                    raise RuntimeError(
+                        f"the oldest row needs {missing} more pages and only {len(self.free)} "
+                        f"can be freed: the pool of {self.num_pages} pages is too small")
+                break  # rows wait in admission order: a newer one may not overtake it
+            self.tables[row] += self._alloc(max(missing, 0))
+            runs.append(row)
+        self._prefill([(self.tables[r], int(self.written[r]), self.history[r][self.written[r]:])
+                       for r in runs])
+        for r in runs:
+            self.written[r] = len(self.history[r])
+        return np.asarray(runs, np.int64)
+
+    def _victim(self, row: int, oldest: bool) -> int | None:
+        """The newest row holding pages that is newer than `row`; for the oldest active row,
+        failing that, the newest paused row holding pages."""
+        holders = [r for r in range(self.num_rows) if self.tables[r] and r != row]
+        newer = [r for r in holders if self.order[r] > self.order[row]]
+        if not newer and oldest:
+            newer = [r for r in holders if not self.active[r]]
+        return max(newer, key=lambda r: self.order[r], default=None)
 
     def decode(self, min_stops: int | None = None) -> ChunkOutput:
-        """Runs up to `chunk` decode steps; returns the host copy of what was generated."""
+        """Runs up to `chunk` decode steps of the rows `_schedule` picks; returns the host copy
+        of what was generated, per row (`[num_rows, ...]`; rows that did not run generate
+        nothing)."""
+        runs = self._schedule()
         min_stops = self.num_slots if min_stops is None else min_stops
-        self._fit(int(self.lengths.max()) + self.chunk)
         self.decode_calls += 1
-        self.state, out = decode_chunk(
-            self.params, self.state, self.stop_ids, jnp.int32(min_stops),
+        n = len(runs)
+
+        def slots(values, fill=0):  # per-row values of the running rows, padded to the slots
+            out = np.full((self.num_slots, *values.shape[1:]), fill, values.dtype)
+            out[:n] = values[runs]
+            return out
+
+        live = np.arange(self.num_slots) < n
+        self.pages, out = decode_chunk(
+            self.params, self.pages, self._table([self.tables[r] for r in runs], self.num_slots),
+            slots(self.written.astype(np.int32)), slots(self.pending), live,
+            slots(self.budget), slots(self.keys), self.stop_ids, jnp.int32(min_stops),
             config=self.config, sampling=self.sampling, chunk=self.chunk,
             forward_fn=self.forward_fn,
         )
         out = jax.device_get(out)
-        self.lengths += out.count
-        self.active &= ~out.stopped
-        return out
-
-    def resume(self, rows: dict[int, tuple[list[int], int, int]]) -> None:
-        """Appends tokens to paused rows and reactivates them.
-
-        Args:
-          rows: slot -> (tokens to prefill, next pending token, budget). The tokens to prefill
-            start with the row's current pending token.
-        """
-        if not rows:
-            return
-        width = bucket(max(len(t) for t, _, _ in rows.values()), minimum=8)
-        # Few row-count buckets: each (rows, width, cache length) triple compiles once.
-        n = min(bucket(len(rows), minimum=8), bucket(self.num_slots, minimum=1))
-        slots = np.full((n,), self.num_slots, np.int32)  # padding: out of range
-        tokens = np.zeros((n, width), np.int32)
-        num_new = np.zeros((n,), np.int32)
-        pending = np.zeros((n,), np.int32)
-        budget = np.zeros((n,), np.int32)
-        for i, (slot, (toks, nxt, b)) in enumerate(rows.items()):
-            tokens[i, : len(toks)] = toks
-            slots[i], num_new[i], pending[i], budget[i] = slot, len(toks), nxt, b
-            self.lengths[slot] += len(toks)
-            self.active[slot] = True
-        self._fit(int(self.lengths.max()))
-        self.state = extend(self.params, self.state, slots, tokens, num_new, pending, budget,
-                            config=self.config, forward_fn=self.forward_fn)
+        self.decode_steps += int(out.count.max())
+        per_row = ChunkOutput(
+            tokens=np.zeros((self.num_rows, self.chunk), np.int32),
+            logprobs=np.zeros((self.num_rows, self.chunk), np.float32),
+            count=np.zeros((self.num_rows,), np.int32),
+            stopped=np.zeros((self.num_rows,), bool))
+        for field in ("tokens", "logprobs", "count", "stopped"):
+            getattr(per_row, field)[runs] = getattr(out, field)[:n]
+        for row in runs[per_row.count[runs] > 0]:
+            tokens = per_row.tokens[row, : per_row.count[row]].tolist()
+            self.history[row] += [int(self.pending[row])] + tokens[:-1]
+            self.pending[row] = tokens[-1]
+        self.written += per_row.count
+        self.budget -= per_row.count
+        self.active &= ~per_row.stopped
+        return per_row

@@ -1,40 +1,42 @@
-"""Starting queued (prompt, sample) pairs in free engine slots, one prefill per prompt."""
+"""Starting queued (prompt, sample) pairs in free engine rows, one prefill per prompt."""
 from __future__ import annotations
 
 import collections
 
-from rstar2_jax.sampler.engine import Engine, sequence_keys
+from rstar2_jax.sampler.engine import Engine, StagedPrompt, sequence_keys
 
 
 class PromptFeeder:
-    """Queues `samples` samples of every prompt and starts them in the slots that free up.
+    """Queues `samples` samples of every prompt and starts them in the rows that free up.
 
-    A prompt is prefilled once, into a staging row, when its first sample starts; the staged row
-    is copied into the slot of each of its samples as slots free up, and the staging row is
-    reused once all of them have started. Sample s of prompt p draws from key
-    `first_sequence + p * samples + s` of `seed` (see `sequence_keys`), whichever slot and call
-    it starts in.
+    A prompt is prefilled once (staged) when its first sample starts; each of its samples shares
+    its pages as rows free up, and the staged pages are released once all of them have started.
+    A sample starts only while the page pool has room for it beside the next decode call of the
+    rows already running, so that admitting it does not preempt them. Sample s of prompt p draws
+    from key `first_sequence + p * samples + s` of `seed` (see `sequence_keys`), whichever row
+    and call it starts in.
 
     Args:
-      engine: the slots to fill.
+      engine: the rows to fill.
       prompts: token-id lists (the last token of each becomes its rows' pending token).
       samples: samples per prompt.
-      budget: tokens each sample may generate.
+      budget: tokens each sample may generate: one for all prompts, or one per prompt.
       seed: PRNG seed of the samples' keys.
       first_sequence: key index of the first prompt's first sample (a share of a larger batch
         passes its offset in that batch, so its samples draw what they would draw there).
     """
 
-    def __init__(self, engine: Engine, prompts: list[list[int]], samples: int, budget: int,
-                 seed: int, first_sequence: int = 0):
-        self.engine, self.prompts, self.samples, self.budget = engine, prompts, samples, budget
+    def __init__(self, engine: Engine, prompts: list[list[int]], samples: int,
+                 budget: int | list[int], seed: int, first_sequence: int = 0):
+        self.engine, self.prompts, self.samples = engine, prompts, samples
+        self.budgets = [budget] * len(prompts) if isinstance(budget, int) else list(budget)
         self.keys = sequence_keys(seed, len(prompts) * samples, first_sequence)
         self.queue = collections.deque((p, s) for p in range(len(prompts)) for s in range(samples))
         self.unstarted = collections.Counter(p for p, _ in self.queue)
-        self.staged: dict[int, int] = {}  # prompt -> staging row
+        self.staged: dict[int, StagedPrompt] = {}
 
     def fill(self, free: list[int]) -> list[tuple[int, int, int]]:
-        """Starts queued samples in the `free` slots; returns `(slot, prompt, sample)` of each."""
+        """Starts queued samples in the `free` rows; returns `(row, prompt, sample)` of each."""
         free = list(free)
         started = []
         while self.queue and free:
@@ -42,29 +44,41 @@ class PromptFeeder:
             if not batch:
                 break
             started += batch
+        engine = self.engine
+        if self.queue and free and not started and not engine.active.any() \
+                and not any(engine.tables):
+            raise RuntimeError(f"the page pool ({engine.num_pages} pages) cannot start a row")
         return started
 
     def _start_some(self, free: list[int]) -> list[tuple[int, int, int]]:
-        """One prefill of newly staged prompts and the admission of the samples it serves."""
+        """One prefill of newly staged prompts and the admission of the samples it serves
+        (takes their rows out of `free`)."""
         engine = self.engine
-        busy = set(self.staged.values())
-        new: dict[int, int] = {}  # prompt -> staging row, prefilled in one call below
+        spare = engine.spare_pages()
+        new: list[int] = []  # prompts to stage
         starting = []
         while free and self.queue:
-            p, s = self.queue[0]
-            if p not in self.staged:
-                spare = next((r for r in range(engine.stage_rows) if r not in busy), None)
-                if spare is None:
+            p, _ = self.queue[0]
+            n = len(self.prompts[p]) - 1
+            # The row's own pages for its first decode call: all but the prompt's full pages.
+            need = engine.pages_for(n + min(engine.chunk, self.budgets[p])) - n // engine.page_size
+            staged = p in self.staged or p in new
+            if not staged:
+                if len(self.staged) + len(new) >= engine.stage_rows:
                     break
-                self.staged[p] = new[p] = spare
-                busy.add(spare)
-            self.queue.popleft()
-            starting.append((self.staged[p], free.pop(0), p, s))
+                need += engine.pages_for(n)
+            if need > spare:
+                break
+            spare -= need
+            if not staged:
+                new.append(p)
+            starting.append((free.pop(0), *self.queue.popleft()))
+        for p, prompt in zip(new, engine.stage_prompts([self.prompts[p] for p in new])):
+            self.staged[p] = prompt
+        engine.admit([(self.staged[p], row, self.budgets[p], self.keys[p * self.samples + s])
+                      for row, p, s in starting])
+        for _, p, _ in starting:
             self.unstarted[p] -= 1
-        engine.stage_prompts(list(new.values()), [self.prompts[p] for p in new])
-        engine.admit([(row, slot, self.prompts[p][-1], self.budget, self.keys[p * self.samples + s])
-                      for row, slot, p, s in starting])
-        # A staging row is released only after admit() has copied it.
-        for p in [p for p in self.staged if self.unstarted[p] == 0]:
-            del self.staged[p]
-        return [(slot, p, s) for _, slot, p, s in starting]
+            if self.unstarted[p] == 0:
+                engine.unstage(self.staged.pop(p))
+        return starting

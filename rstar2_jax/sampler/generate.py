@@ -22,16 +22,17 @@ class Generation:
 
 
 def generate(
-    params, config: ModelConfig, prompts: list[list[int]], max_new_tokens: int, *,
+    params, config: ModelConfig, prompts: list[list[int]], max_new_tokens: int | list[int], *,
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop_tokens=(), seed: int = 0,
-    num_slots: int | None = None, chunk: int = 64,
+    num_slots: int | None = None, chunk: int = 64, page_size: int = 32,
+    num_pages: int | None = None,
 ) -> list[Generation]:
     """Generates a continuation for every prompt.
 
     Args:
       params, config: the model.
       prompts: token-id lists, any lengths (each >= 1 token).
-      max_new_tokens: generation budget per prompt.
+      max_new_tokens: generation budget of every prompt, or a list of one per prompt.
       temperature, top_p, top_k: see `SamplingParams` (temperature 0 = greedy).
       stop_tokens: ids that end a continuation (kept as its last token).
       seed: PRNG seed; prompt i draws from its own key, so results do not depend on
@@ -39,6 +40,8 @@ def generate(
       num_slots: rows decoded together (default: all prompts, rounded up to a power of two);
         with fewer slots than prompts, finished rows are refilled with the next prompt.
       chunk: decode steps per device call.
+      page_size, num_pages: the KV cache's pool (see `Engine`); by default it holds every slot at
+        full length; a smaller pool preempts rows and recomputes them later, same tokens.
 
     Returns:
       one `Generation` per prompt, in order; `logprobs` are the sampler's (see `sample_tokens`).
@@ -47,17 +50,21 @@ def generate(
         return []
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    budgets = ([max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int)
+               else list(max_new_tokens))
+    if len(budgets) != len(prompts) or min(budgets) < 1:
+        raise ValueError(
+            f"max_new_tokens must be >= 1, one int or one per prompt; got {max_new_tokens}")
     slots = num_slots or bucket(len(prompts), minimum=1)
     max_prompt = max(len(p) for p in prompts)
     engine = Engine(
-        params, config, num_slots=slots, max_len=bucket(max_prompt) + max_new_tokens,
+        params, config, num_slots=slots, max_len=bucket(max_prompt) + max(budgets),
         max_prompt_len=bucket(max_prompt), sampling=SamplingParams(temperature, top_p, top_k),
-        stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk,
-        stage_rows=slots,  # one prefill for a batch that fits the slots
+        stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk, page_size=page_size,
+        num_pages=num_pages,
+        stage_rows=slots,  # every prompt of a batch that fits the slots staged at once
     )
-    feeder = PromptFeeder(engine, prompts, 1, max_new_tokens, seed)
+    feeder = PromptFeeder(engine, prompts, 1, budgets, seed)
     stop_set = set(stop_tokens)
     owner: list[int | None] = [None] * slots  # prompt index decoded by each slot
     tokens: list[list[int]] = [[] for _ in prompts]

@@ -1,18 +1,21 @@
 """The rollout engine's device memory, planned before the first rollout.
 
-The engine holds every slot's keys and values contiguously, so its cache grows to
-``num_slots x max_len`` tokens when one row reaches the longest response. Per token and slot
-that is ``2 (k, v) x layers x kv_heads x head_dim x bytes`` (Qwen3-0.6B in float32: 224 KiB;
-in bfloat16: 112 KiB), so 256 slots at 2,048 tokens need 112 GiB in float32. `plan_memory`
-adds it up with the serving params and the decode step's temporaries and checks the total
-against a budget: the device's free memory times ``rollout.memory_fraction`` on an accelerator,
-or ``rollout.memory_budget_gib`` when set. A configuration over budget stops before the first
-rollout with the numbers and the settings that would make it fit, instead of running out of
-memory inside a jitted decode step minutes later.
+The engine keeps keys and values in a pool of pages (see `rstar2_jax.sampler.engine`): a row
+holds the pages its tokens fill, so the pool does not need `num_rows x max_len` tokens. One
+token of one row takes ``2 (k, v) x layers x kv_heads x head_dim x bytes`` (Qwen3-0.6B in
+float32: 224 KiB; in bfloat16: 112 KiB). `plan_memory` adds up what does not depend on the pool
+(the serving params, the decode and prefill steps' temporaries) and gives the pool the rest of a
+budget (the device's free memory times ``rollout.memory_fraction`` on an accelerator, or
+``rollout.memory_budget_gib`` when set), capped at what every slot at full length needs. The pool
+must hold at least one row at full length and the staged prompts, so that the oldest row can
+always finish; rows beyond what it holds are preempted and resumed. A budget too small for that
+stops before the first rollout with the numbers and the settings to change, instead of running
+out of memory inside a jitted decode step minutes later.
 
 The estimate is an upper bound by construction: it counts the params twice (the decode step
-unstacks the layer weights into a temporary copy) and the full cache twice (growing the cache
-copies it into a larger one), and the logits and top-k/top-p temporaries of every slot.
+unstacks the layer weights into a temporary copy), and for every slot the gathered keys and
+values of one layer at the widest block table, the attention scores and the logits and
+top-k/top-p temporaries.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import jax
 
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig
+from rstar2_jax.sampler.engine import PREFILL_ROWS, PREFILL_WIDTH, bucket
 
 GIB = 1 << 30
 
@@ -36,66 +40,119 @@ def _size(n: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes of one engine at its largest, and the budget they must fit.
+    """The engine's page pool and its bytes at their largest, and the budget they must fit.
 
     params: the serving params (bytes).
-    kv_per_token: keys and values of one token in one slot, all layers (bytes).
-    num_slots, max_len, stage_rows, max_prompt_len: the engine's shape.
-    per_slot_temporaries: logits and sampling temporaries of one slot in a decode step (bytes).
+    dtype: the serving dtype (params and cache).
+    kv_per_token: keys and values of one token of one row, all layers (bytes).
+    page_size: tokens per page.
+    num_slots, num_rows, max_len, max_prompt_len, stage_rows: the engine's shape.
+    per_slot_temporaries: a decode step's temporaries per slot (bytes).
+    prefill_temporaries: one prefill call's temporaries (bytes).
     budget: bytes the engine may use, or None (no limit known: CPU without a budget).
     """
 
     params: int
+    dtype: str
     kv_per_token: int
+    page_size: int
     num_slots: int
+    num_rows: int
     max_len: int
-    stage_rows: int
     max_prompt_len: int
+    stage_rows: int
     per_slot_temporaries: int
+    prefill_temporaries: int
     budget: int | None
 
     @property
-    def cache(self) -> int:
-        """The slots' cache at full length."""
-        return self.kv_per_token * self.num_slots * self.max_len
+    def page_bytes(self) -> int:
+        return self.kv_per_token * self.page_size
 
     @property
-    def stage(self) -> int:
-        """The staging cache that prefills prompts."""
-        return self.kv_per_token * self.stage_rows * self.max_prompt_len
+    def pages_per_row(self) -> int:
+        return -(-self.max_len // self.page_size)
 
-    def peak(self, num_slots: int | None = None) -> int:
-        """Upper bound of the engine's bytes with ``num_slots`` slots (default: the plan's)."""
+    @property
+    def stage_pages(self) -> int:
+        """Pages of the prompts staged at once."""
+        return self.stage_rows * -(-self.max_prompt_len // self.page_size)
+
+    @property
+    def full_pages(self) -> int:
+        """A pool that never preempts: every row at full length, and the staged prompts."""
+        return self.num_rows * self.pages_per_row + self.stage_pages
+
+    @property
+    def least_pages(self) -> int:
+        """The smallest pool the engine accepts: one row at full length and the staged prompts."""
+        return self.pages_per_row + self.stage_pages
+
+    def fixed(self, num_slots: int | None = None) -> int:
+        """Bytes besides the pool with ``num_slots`` slots (default: the plan's)."""
         slots = self.num_slots if num_slots is None else num_slots
-        cache = self.kv_per_token * slots * self.max_len
-        return 2 * self.params + 2 * cache + self.stage + slots * self.per_slot_temporaries
+        return 2 * self.params + slots * self.per_slot_temporaries + self.prefill_temporaries
+
+    @property
+    def num_pages(self) -> int:
+        """The pool: what the budget leaves after ``fixed()``, at most ``full_pages``."""
+        if self.budget is None:
+            return self.full_pages
+        return min(self.full_pages, max(self.budget - self.fixed(), 0) // self.page_bytes)
+
+    @property
+    def pool(self) -> int:
+        return self.num_pages * self.page_bytes
+
+    def peak(self) -> int:
+        """Upper bound of the engine's bytes."""
+        return self.fixed() + self.pool
+
+    @property
+    def fits(self) -> bool:
+        return self.num_pages >= self.least_pages
 
     def max_slots(self) -> int:
-        """The most slots whose peak fits the budget (0 if none)."""
+        """The most slots whose temporaries leave room for the smallest pool (0 if none)."""
         if self.budget is None:
             return self.num_slots
-        fixed = self.peak(0)
-        per_slot = self.peak(1) - fixed
-        return max((self.budget - fixed) // per_slot, 0)
+        room = self.budget - self.fixed(0) - self.least_pages * self.page_bytes
+        return max(room // self.per_slot_temporaries, 0)
 
     def summary(self) -> str:
         budget = "no limit known" if self.budget is None else f"budget {_size(self.budget)}"
-        return (f"rollout memory plan: {self.num_slots} slots x {self.max_len} tokens x "
-                f"{_size(self.kv_per_token)} per token = cache {_size(self.cache)}, "
-                f"params {_size(self.params)}, peak at most {_size(self.peak())}; {budget}")
+        if self.num_pages >= self.full_pages:
+            holds = f"all {self.num_rows} rows at the full {self.max_len} tokens"
+        else:
+            rows = max(self.num_pages - self.stage_pages, 0) // self.pages_per_row
+            holds = (f"{rows} of {self.num_rows} rows at the full {self.max_len} tokens at "
+                     f"once; rows beyond what it holds are preempted and resumed")
+        return (f"rollout memory plan ({self.dtype}): page pool {self.num_pages} pages x "
+                f"{self.page_size} tokens x {_size(self.kv_per_token)} per token = "
+                f"{_size(self.pool)} (holds {holds}), params {_size(self.params)}, peak at most "
+                f"{_size(self.peak())}; {budget}")
 
 
-def plan_memory(config: ModelConfig, params, *, num_slots: int, max_len: int,
-                max_prompt_len: int, stage_rows: int, budget: int | None) -> MemoryPlan:
+def plan_memory(config: ModelConfig, params, *, num_slots: int, num_rows: int, max_len: int,
+                max_prompt_len: int, stage_rows: int, page_size: int,
+                budget: int | None) -> MemoryPlan:
     """The plan of an engine serving ``params`` (in ``config.dtype``); see the module
     docstring. ``budget`` in bytes, or None."""
     itemsize = jax.numpy.dtype(config.jnp_dtype).itemsize
     kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+    # The widest block table a step reads, in positions.
+    positions = bucket(-(-max_len // page_size), -(-128 // page_size)) * page_size
+    gathered = positions * kv_per_token // config.num_layers  # one layer's keys and values
+    scores = positions * 8 * config.num_heads  # float32 scores and probabilities of a query
     # float32 logits, log-softmax and the sorted copy top-k/top-p sampling makes, plus indices.
-    per_slot = 4 * config.vocab_size * 4
+    logits = 4 * config.vocab_size * 4
+    per_slot = gathered + scores + logits
+    width = min(bucket(max_len), PREFILL_WIDTH)
+    activations = 4 * (config.hidden_size + config.intermediate_size) * 4  # per token, float32
+    prefill = PREFILL_ROWS * (gathered + width * (scores + activations) + logits)
     params_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
-    return MemoryPlan(params_bytes, kv_per_token, num_slots, max_len, stage_rows, max_prompt_len,
-                      per_slot, budget)
+    return MemoryPlan(params_bytes, config.dtype, kv_per_token, page_size, num_slots, num_rows,
+                      max_len, max_prompt_len, stage_rows, per_slot, prefill, budget)
 
 
 def device_budget(budget_gib: float | None, fraction: float) -> int | None:
@@ -110,15 +167,23 @@ def device_budget(budget_gib: float | None, fraction: float) -> int | None:
 
 
 def check_plan(plan: MemoryPlan) -> None:
-    """Raises ConfigError naming the numbers and the settings to change when the plan's peak
-    is over its budget."""
-    if plan.budget is None or plan.peak() <= plan.budget:
+    """Raises ConfigError naming the numbers and the settings to change when the budget cannot
+    hold the smallest pool beside the rest."""
+    if plan.fits:
         return
+    least_pool = plan.least_pages * plan.page_bytes
     fits = plan.max_slots()
-    advice = (f"set rollout.num_slots={fits} or fewer" if fits else
-              "no slot count fits: lower the longest response (stage.max_response_tokens) or "
-              "serve in bfloat16 (rollout.serving_dtype=bfloat16)")
+    if fits:
+        advice = f"set rollout.num_slots={fits} or fewer"
+    else:
+        advice = "no slot count fits: lower the longest response (stage.max_response_tokens)"
+        if plan.dtype != "bfloat16":
+            advice += " or serve in bfloat16 (rollout.serving_dtype=bfloat16)"
     raise ConfigError(
-        f"the rollout engine needs up to {_size(plan.peak())} but may use "
-        f"{_size(plan.budget)} ({plan.summary()}); {advice}, or raise "
+        f"the rollout engine needs at least {_size(plan.fixed() + least_pool)} but may use "
+        f"{_size(plan.budget)}: {plan.dtype} params {_size(plan.params)} (counted twice: the "
+        f"decode step unstacks the layers), temporaries {_size(plan.fixed() - 2 * plan.params)} "
+        f"for {plan.num_slots} slots, and the smallest page pool, {plan.least_pages} pages of "
+        f"{plan.page_size} tokens x {_size(plan.kv_per_token)} = {_size(least_pool)} (one row "
+        f"of {plan.max_len} tokens and {plan.stage_rows} staged prompts); {advice}, or raise "
         f"rollout.memory_fraction / rollout.memory_budget_gib")

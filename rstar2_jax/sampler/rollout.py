@@ -2,15 +2,16 @@
 
 The host loop around the `Engine`:
 
-1. Free slots are filled from the queue of (prompt, sample) pairs. A prompt is prefilled once
-   into a staging row and copied to the slots of its samples, whenever those slots free up.
+1. Free rows are filled from the queue of (prompt, sample) pairs while the KV cache's page pool
+   has room. A prompt is prefilled once and its pages are shared by the rows of its samples,
+   whenever those rows free up.
 2. The device decodes all active rows and hands control back as soon as any row ends a turn.
 3. A turn that ends with a `<tool_call>` pauses its row; the call goes to the executor
    asynchronously (`submit` returns a future) and the other rows keep decoding.
 4. When a call's result is back, its rendered text is tokenized, appended to the trajectory with
    loss mask 0, prefilled into the row's cache (only those tokens) and the row resumes.
 5. A turn without a tool call, the turn limit or the token budget ends the trajectory and frees
-   the slot for the next queued sample.
+   the row for the next queued sample.
 
 Token ids are the record: generated ids are appended as sampled, tool tokens as encoded, and the
 trajectory is never decoded and re-tokenized (text is decoded only to parse a turn).
@@ -25,11 +26,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward_cached
 from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
-from rstar2_jax.sampler.memory import check_plan, device_budget, plan_memory
+from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sandbox import render_result
@@ -46,7 +48,10 @@ def _check(condition: bool, message: str) -> None:
 class RolloutSettings:
     """How agentic rollouts run, whatever the job (a job config's ``rollout`` section).
 
-    num_slots: rows decoded together.
+    num_slots: rows decoded together (the decode batch).
+    num_rows: trajectories in flight at once (default: twice ``num_slots``). A row waiting on
+      its tool call keeps its KV cache pages but gives its slot to another row, so that slots
+      do not sit idle during tool calls; rows beyond the slots wait for one, oldest first.
     chunk: decode steps per device call at most.
     tool_response_chars: the tool output shown to the model is cut to this many characters
       (the middle is cut; head and tail kept, see `render_result`).
@@ -63,9 +68,12 @@ class RolloutSettings:
       the device's free memory where the backend reports it (GPU, TPU), no check on CPU.
       `rstar2_jax.sampler.memory` plans it before the first rollout.
     memory_fraction: see ``memory_budget_gib``.
+    page_size: tokens per page of the KV cache's pool; the pool is sized from the memory budget
+      (see `rstar2_jax.sampler.memory`).
     """
 
     num_slots: int = 64
+    num_rows: int | None = None
     chunk: int = 64
     tool_response_chars: int = 1024
     show_tool_time: bool = True
@@ -76,9 +84,12 @@ class RolloutSettings:
     serving_dtype: str = "auto"
     memory_budget_gib: float | None = None
     memory_fraction: float = 0.9
+    page_size: int = 32
 
     def __post_init__(self):
         _check(self.num_slots >= 1, f"rollout.num_slots must be >= 1, got {self.num_slots}")
+        _check(self.num_rows is None or self.num_rows >= self.num_slots,
+               f"rollout.num_rows must be >= rollout.num_slots, got {self.num_rows}")
         _check(self.chunk >= 1, f"rollout.chunk must be >= 1, got {self.chunk}")
         _check(self.tool_response_chars >= 64,
                f"rollout.tool_response_chars must be >= 64, got {self.tool_response_chars}")
@@ -95,6 +106,12 @@ class RolloutSettings:
                f"rollout.memory_budget_gib must be > 0, got {self.memory_budget_gib}")
         _check(0 < self.memory_fraction <= 1,
                f"rollout.memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        _check(self.page_size >= 1, f"rollout.page_size must be >= 1, got {self.page_size}")
+
+    @property
+    def rows(self) -> int:
+        """Trajectories in flight (``num_rows``, or its default)."""
+        return self.num_rows or 2 * self.num_slots
 
     def serving_config(self, config: ModelConfig) -> ModelConfig:
         """``config`` in the dtype the sampler serves (see ``serving_dtype``)."""
@@ -191,6 +208,8 @@ class RolloutStats:
     tool_wait_s: float  # time the device sat idle because every live row waited on a tool
     generated_tokens: int
     tool_calls: int
+    decode_steps: int = 0  # model steps the decode calls ran (each for every running row)
+    preemptions: int = 0  # rows whose pages were taken back (recomputed later): the pool is tight
 
     @property
     def tokens_per_s(self) -> float:
@@ -250,28 +269,34 @@ class AgentSampler:
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.stop_tokens = tuple(sorted(stops))
-        self._engine: Engine | None = None
+        self.plan: MemoryPlan | None = None  # made by the first rollout
+        self._engine: Engine | None = None  # the latest rollout's (its pool closed)
 
-    def _get_engine(self, params) -> Engine:
-        """The engine, serving ``params`` cast to the serving dtype (once per call). The first
-        call plans the engine's memory and stops with a ConfigError if it cannot fit."""
+    def _open_engine(self, params) -> Engine:
+        """An engine serving ``params`` cast to the serving dtype, its page pool sized by the
+        memory plan (made on the first call, which stops with a ConfigError if the budget
+        cannot hold it). Each rollout call opens its own and closes it at the end, so that the
+        pool does not take the trainer's memory between rollouts."""
         serving = self.settings.serving_config(self.config)
         params = _cast(params, serving.jnp_dtype)
-        if self._engine is None:
-            max_len = self.limits.max_prompt_tokens + self.limits.max_response_tokens
+        max_len = self.limits.max_prompt_tokens + self.limits.max_response_tokens
+        settings = self.settings
+        if self.plan is None:
             plan = plan_memory(
-                serving, params, num_slots=self.settings.num_slots, max_len=max_len,
-                max_prompt_len=self.limits.max_prompt_tokens, stage_rows=STAGE_ROWS,
-                budget=device_budget(self.settings.memory_budget_gib, self.settings.memory_fraction))
+                serving, params, num_slots=settings.num_slots, num_rows=settings.rows,
+                max_len=max_len, max_prompt_len=self.limits.max_prompt_tokens,
+                stage_rows=STAGE_ROWS, page_size=settings.page_size,
+                budget=device_budget(settings.memory_budget_gib, settings.memory_fraction))
             log.info("%s", plan.summary())
             check_plan(plan)
-            self._engine = Engine(
-                params, serving, num_slots=self.settings.num_slots, max_len=max_len,
-                max_prompt_len=self.limits.max_prompt_tokens, sampling=self.sampling,
-                stop_tokens=self.stop_tokens, chunk=self.settings.chunk, stage_rows=STAGE_ROWS,
-                forward_fn=self.forward_fn,
-            )
-        self._engine.set_params(params)
+            self.plan = plan
+        self._engine = Engine(
+            params, serving, num_slots=settings.num_slots, num_rows=settings.rows,
+            max_len=max_len, max_prompt_len=self.limits.max_prompt_tokens,
+            sampling=self.sampling, stop_tokens=self.stop_tokens, chunk=settings.chunk,
+            page_size=settings.page_size, num_pages=self.plan.num_pages, stage_rows=STAGE_ROWS,
+            forward_fn=self.forward_fn,
+        )
         return self._engine
 
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
@@ -292,33 +317,39 @@ class AgentSampler:
             if not 1 <= len(p) <= self.limits.max_prompt_tokens:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens; must be 1..{self.limits.max_prompt_tokens}")
-        engine = self._get_engine(params)
+        engine = self._open_engine(params)
+        try:
+            return self._rollout(engine, prompts, samples_per_prompt, on_finish, seed,
+                                 first_sequence)
+        finally:
+            engine.close()
+
+    def _rollout(self, engine: Engine, prompts, samples_per_prompt, on_finish, seed,
+                 first_sequence) -> tuple[list[Trajectory], RolloutStats]:
         feeder = PromptFeeder(engine, prompts, samples_per_prompt, self.limits.max_response_tokens,
                               seed, first_sequence)
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
-        rows: list[_Row | None] = [None] * engine.num_slots
+        rows: list[_Row | None] = [None] * engine.num_rows
         done: list[Trajectory] = []
         finished: list[Trajectory] = []  # finished in this iteration, not yet reported
 
         while feeder.queue or any(r is not None for r in rows):
-            for slot, p, s in feeder.fill([slot for slot, r in enumerate(rows) if r is None]):
-                rows[slot] = _Row(Trajectory(p, s, list(prompts[p])))
+            for i, p, s in feeder.fill([i for i, r in enumerate(rows) if r is None]):
+                rows[i] = _Row(Trajectory(p, s, list(prompts[p])))
             if engine.active.any():
                 out = engine.decode(min_stops=1)
                 generated += int(out.count.sum())
-                for slot, row in enumerate(rows):
-                    if row is None:
-                        continue
-                    n = int(out.count[slot])
-                    row.traj.response_ids.extend(int(t) for t in out.tokens[slot, :n])
-                    row.traj.logprobs.extend(float(x) for x in out.logprobs[slot, :n])
-                    row.traj.loss_mask.extend([1] * n)
-                    if out.stopped[slot] and self._end_turn(row):
+                for i in np.flatnonzero(out.count):
+                    row, n = rows[i], int(out.count[i])
+                    row.traj.response_ids += out.tokens[i, :n].tolist()
+                    row.traj.logprobs += out.logprobs[i, :n].tolist()
+                    row.traj.loss_mask += [1] * n
+                    if out.stopped[i] and self._end_turn(row):
                         finished.append(row.traj)
-                        rows[slot] = None
-                        engine.release([slot])
+                        rows[i] = None
+                        engine.release([i])
             elif any(r is not None and r.future is not None for r in rows):
                 t0 = time.perf_counter()
                 concurrent.futures.wait([r.future for r in rows if r and r.future],
@@ -334,7 +365,8 @@ class AgentSampler:
         done.sort(key=lambda t: (t.prompt_index, t.sample_index))
         stats = RolloutStats(
             wall_s=time.perf_counter() - start, tool_wait_s=tool_wait,
-            generated_tokens=generated, tool_calls=sum(t.num_tool_calls for t in done))
+            generated_tokens=generated, tool_calls=sum(t.num_tool_calls for t in done),
+            decode_steps=engine.decode_steps, preemptions=engine.preemptions)
         return done, stats
 
     def _end_turn(self, row: _Row) -> bool:
@@ -366,7 +398,7 @@ class AgentSampler:
 
     def _resume_ready(self, engine: Engine, rows: list[_Row | None], done: list) -> None:
         resume = {}
-        for slot, row in enumerate(rows):
+        for i, row in enumerate(rows):
             if row is None or (row.ready_text is None and
                                (row.future is None or not row.future.done())):
                 continue
@@ -388,13 +420,13 @@ class AgentSampler:
                 # The response would not fit: end cleanly on the model's last turn.
                 traj.finish_reason = "budget"
                 done.append(traj)
-                rows[slot] = None
-                engine.release([slot])
+                rows[i] = None
+                engine.release([i])
                 continue
             pending = traj.response_ids[-1]
             traj.response_ids.extend(tool_ids)
             traj.loss_mask.extend([0] * len(tool_ids))
             traj.logprobs.extend([0.0] * len(tool_ids))
             row.turn_start = len(traj.response_ids)
-            resume[slot] = ([pending] + tool_ids[:-1], tool_ids[-1], room)
+            resume[i] = ([pending] + tool_ids[:-1], tool_ids[-1], room)
         engine.resume(resume)

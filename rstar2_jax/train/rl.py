@@ -95,15 +95,17 @@ class RLLoop:
             "rollouts": rollout_arrays(trajs, rewards),
             "response_lengths": np.array([len(t.response_ids) for t in trajs], np.int32),
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
-            "tokens": np.array([stats.generated_tokens], np.int64)})
+            "counts": np.array([[stats.generated_tokens, stats.preemptions]], np.int64)})
         rollouts = hosts["rollouts"]
         kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
                                rl.group_size)
         rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
+        tokens, preemptions = hosts["counts"].sum(axis=0)
         metrics = rollout_metrics(rollouts, kept, hosts["response_lengths"]) | {
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,
-            "perf/rollout_tokens_per_s": hosts["tokens"].sum() / max(rollout_s, 1e-9)}
+            "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+            "rollout/preemptions": preemptions}
         start = time.perf_counter()
         if kept.index.size:
             limits = self.config.limits
