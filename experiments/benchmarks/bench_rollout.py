@@ -1,25 +1,65 @@
-"""Agentic rollout throughput and how long the model waits on tools.
+"""The RL rollout phase: tokens/s, the memory roofline, and plain generate() at the same shape.
 
     python -m rstar2_jax demo                       # once: writes runs/demo/sft_model
-    python experiments/benchmarks/bench_rollout.py [--policy runs/demo/sft_model]
+    python experiments/benchmarks/bench_rollout.py [--policy runs/demo/sft_model] [--slots 16 64]
 
-Runs the toy SFT policy (it calls the Python tool in most trajectories) on held-out toy problems
-with the real sandbox, at several slot counts, and prints generated tokens/s, tool calls, the
-mean tool latency and the fraction of rollout wall time during which no row could decode because
-every live row waited on a tool. Next to it, plain `generate()` of the same prompts and samples
-with the same model, slots, chunk, temperature and token budget (no tools: a row ends at its
-first end of turn): the rollout phase's tokens/s as a fraction of it is what the agentic loop
-(turns, tool calls, resumes, host bookkeeping) costs. Compilation is excluded (``--warmups``
-untimed runs per setting, with other seeds); medians over repeats.
+Runs agentic rollouts (`AgentSampler.rollout`: turns, real Python tool calls in the sandbox,
+resumes) of a policy on the toy task's held-out problems, at each slot count, and prints:
+
+- rollout tokens/s (model tokens only), tool calls, the mean tool latency, the fraction of the
+  rollout's wall time in which no row could decode because every live row waited on a tool, and
+  the rows preempted for lack of KV cache pages;
+- the same rollout again with every tool call answered at once from the first run's results
+  ("replayed": same tokens, no sandbox). On a machine with few cores the sandbox's processes
+  compete with XLA for them; on an accelerator host they run beside the device. The replayed
+  figure is what the engine and the agentic loop cost;
+- roofline: the fraction of the memory-bandwidth bound reached. A decode step must at least read
+  the serving params once and each running row's keys and values, so the rollout cannot take
+  less than ``(decode steps x param bytes + sum over generated tokens of their context x KV
+  bytes per token) / bandwidth``, the bandwidth being a measured device copy (read + write of
+  a 512 MiB array; on an accelerator, close to its HBM bandwidth);
+- plain `generate()` at the same shape: the same prompts and samples, each row generating as
+  many tokens as its trajectory's response (tool tokens included), no stop tokens, same slots,
+  chunk and temperature. `ratio` is generate's wall time over the rollout's (sandbox, replayed):
+  the rollout's throughput over the same sequences as a fraction of decoding them alone (the
+  rollout prefills tool tokens that generate decodes one by one).
+
+Any Hugging Face checkpoint with its tokenizer can be the policy (`--policy`: e.g. a Qwen3-0.6B
+directory on an accelerator, with `--serving-dtype bfloat16`); prompts use the toy task's chat
+format. Compilation is excluded (``--warmups`` untimed runs per setting, with other seeds);
+medians over repeats.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import statistics
 import time
 from pathlib import Path
 
 from rstar2_jax import chat
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a jitted copy of a 512 MiB float32 array on the default device (median)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((1 << 27,), jnp.float32)
+    scale = jax.jit(lambda x: x * 1.0001)
+    jax.block_until_ready(scale(x))
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        jax.block_until_ready(scale(x))
+        times.append(time.perf_counter() - start)
+    return 2 * x.nbytes / statistics.median(times)
+
+
+def roofline_s(trajs, stats, param_bytes: int, kv_per_token: int, bandwidth: float) -> float:
+    """Seconds the rollout's decode steps take at least, moving only what they must."""
+    reads = sum(len(t.prompt_ids) + i for t in trajs for i, m in enumerate(t.loss_mask) if m)
+    return (stats.decode_steps * param_bytes + reads * kv_per_token) / bandwidth
 
 
 def main() -> None:
@@ -29,9 +69,15 @@ def main() -> None:
     parser.add_argument("--slots", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-response-tokens", type=int, default=320)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=32)
+    parser.add_argument("--page-size", type=int, default=32)
+    parser.add_argument("--serving-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--memory-budget-gib", type=float, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmups", type=int, default=3,
-                        help="untimed runs first: each may meet new cache and resume buckets")
+                        help="untimed runs first: each may meet new table and prefill buckets")
     args = parser.parse_args()
     if not Path(args.policy).exists():
         raise SystemExit(f"{args.policy} not found: run `python -m rstar2_jax demo` first")
@@ -54,53 +100,85 @@ def main() -> None:
     config, params = load_hf(args.policy)
     problems = load_problems(args.problems)[: args.questions]
     prompts = [chat.encode_prompt(tokenizer, p.question, TOY_FORMAT) for p in problems]
+    bandwidth = copy_bandwidth()
+    print(f"measured copy bandwidth {bandwidth / 1e9:.1f} GB/s")
 
     class TimedPool:
-        """Records each call's latency (submit to result)."""
+        """Records each call's latency (submit to result) and result."""
 
         def __init__(self, pool):
-            self.pool, self.latencies = pool, []
+            self.pool, self.latencies, self.results = pool, [], {}
 
         def submit(self, code, stdin=""):
             start = time.perf_counter()
             future = self.pool.submit(code, stdin)
-            future.add_done_callback(
-                lambda _: self.latencies.append(time.perf_counter() - start))
+
+            def done(f):
+                self.latencies.append(time.perf_counter() - start)
+                self.results[code, stdin] = f.result()
+
+            future.add_done_callback(done)
             return future
 
-    def generate_tokens_per_s(slots: int, seed: int) -> float:
-        start = time.perf_counter()
-        out = generate(params, config, [p for p in prompts for _ in range(args.samples)], 320,
-                       temperature=1.0, stop_tokens=sampler.stop_tokens, seed=seed,
-                       num_slots=slots, chunk=32)
-        return sum(len(g.tokens) for g in out) / (time.perf_counter() - start)
+    class Replay:
+        """Answers each call at once with the result a TimedPool recorded."""
 
-    print(f"{'slots':>5} {'tok/s':>7} {'calls':>6} {'tool ms':>8} {'tool wait':>10} "
-          f"{'generate tok/s':>15} {'ratio':>6}")
+        def __init__(self, timed):
+            self.timed = timed
+
+        def submit(self, code, stdin=""):
+            if (code, stdin) not in self.timed.results:  # a call the first run did not make
+                return self.timed.pool.submit(code, stdin)
+            future = concurrent.futures.Future()
+            future.set_result(self.timed.results[code, stdin])
+            return future
+
+    def same_shape_generate(sampler, trajs, slots: int, seed: int) -> tuple[float, float]:
+        """(seconds, tokens/s) of generate() with each row as long as its trajectory's
+        response."""
+        start = time.perf_counter()
+        out = generate(sampler._engine.params, sampler._engine.config,
+                       [t.prompt_ids for t in trajs], [len(t.response_ids) for t in trajs],
+                       temperature=1.0, seed=seed, num_slots=slots, chunk=args.chunk,
+                       page_size=args.page_size)
+        wall = time.perf_counter() - start
+        return wall, sum(len(g.tokens) for g in out) / wall
+
+    print(f"{'slots':>5} {'rows':>5} {'tok/s':>7} {'roofline':>9} {'calls':>6} {'tool ms':>8} "
+          f"{'tool wait':>10} {'preempt':>8} {'replayed tok/s':>15} {'generate tok/s':>15} "
+          f"{'ratio':>12}")
     with SandboxPool(timeout_s=4.0) as pool:
         for slots in args.slots:
             timed = TimedPool(pool)
-            sampler = AgentSampler(
-                config, tokenizer, timed,
-                RolloutSettings(show_tool_time=False, num_slots=slots, chunk=32),
-                RolloutLimits(max_turns=4, max_response_tokens=320, max_prompt_tokens=64),
-                SamplingParams(temperature=1.0))
-            for seed in range(args.warmups):  # compile
-                sampler.rollout(params, prompts, args.samples, seed=1000 + seed)
+            settings = RolloutSettings(
+                show_tool_time=False, num_slots=slots, chunk=args.chunk,
+                page_size=args.page_size, serving_dtype=args.serving_dtype,
+                memory_budget_gib=args.memory_budget_gib)
+            limits = RolloutLimits(max_turns=args.max_turns,
+                                   max_response_tokens=args.max_response_tokens,
+                                   max_prompt_tokens=max(map(len, prompts)))
+            sampler, replayed = (
+                AgentSampler(config, tokenizer, executor, settings, limits,
+                             SamplingParams(temperature=1.0))
+                for executor in (timed, Replay(timed)))
             runs = []
-            for seed in range(args.repeats):
+            for seed in range(-args.warmups, args.repeats):  # negative seeds: compile, untimed
                 timed.latencies.clear()
-                _, stats = sampler.rollout(params, prompts, args.samples, seed=seed + 1)
-                runs.append((stats.tokens_per_s, stats.tool_calls,
-                             1000 * statistics.mean(timed.latencies or [0.0]),
-                             stats.tool_wait_fraction))
-            tok, calls, ms, wait = (statistics.median(x) for x in zip(*runs))
-            for seed in range(args.warmups):  # compile
-                generate_tokens_per_s(slots, 1000 + seed)
-            plain = statistics.median(generate_tokens_per_s(slots, seed + 1)
-                                      for seed in range(args.repeats))
-            print(f"{slots:>5} {tok:>7.0f} {calls:>6.0f} {ms:>8.1f} {100 * wait:>9.1f}% "
-                  f"{plain:>15.0f} {tok / plain:>6.2f}", flush=True)
+                trajs, stats = sampler.rollout(params, prompts, args.samples, seed=seed + 1000)
+                _, again = replayed.rollout(params, prompts, args.samples, seed=seed + 1000)
+                plan = sampler.plan
+                roof = roofline_s(trajs, stats, plan.params, plan.kv_per_token, bandwidth)
+                wall, plain = same_shape_generate(sampler, trajs, slots, seed + 1000)
+                if seed >= 0:
+                    runs.append((stats.tokens_per_s, roof / stats.wall_s, stats.tool_calls,
+                                 1000 * statistics.mean(timed.latencies or [0.0]),
+                                 stats.tool_wait_fraction, stats.preemptions, again.tokens_per_s,
+                                 plain, wall / stats.wall_s, wall / again.wall_s))
+            tok, roof, calls, ms, wait, preempt, replay, plain, ratio, ratio_replayed = (
+                statistics.median(x) for x in zip(*runs))
+            print(f"{slots:>5} {settings.rows:>5} {tok:>7.0f} {100 * roof:>8.1f}% {calls:>6.0f} "
+                  f"{ms:>8.1f} {100 * wait:>9.1f}% {preempt:>8.0f} {replay:>15.0f} "
+                  f"{plain:>15.0f} {ratio:>5.2f}, {ratio_replayed:>4.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ class Engine:
         be swapped in with `set_params`).
       num_slots: rows decoded together (the decode batch).
       num_rows: sequences held at once (default `num_slots`): rows beyond the slots wait for one
-        (an agentic row waiting on its tool call needs pages but no row); each decode call runs
+        (an agentic row waiting on its tool call needs pages but no slot); each decode call runs
         the oldest active rows that fit in the slots and the pool.
       max_len: the most tokens a row may hold (prompt + response, tool tokens included).
       max_prompt_len: longest prompt accepted.
@@ -276,8 +276,8 @@ class Engine:
         """Block tables [rows, W] of `tables`, W the bucket of the longest (at least `pages`)."""
         width = bucket(max([pages, *map(len, tables)]), self.pages_for(_MIN_TABLE_TOKENS))
         out = np.zeros((rows, width), np.int32)
-        for i, pages in enumerate(tables):
-            out[i, : len(pages)] = pages
+        for i, table in enumerate(tables):
+            out[i, : len(table)] = table
         return out
 
     def _prefill(self, items: list[tuple[list[int], int, list[int]]]) -> None:
@@ -295,9 +295,8 @@ class Engine:
                 tokens[i, :n], lengths[i], num_new[i] = toks[:n], start, n
             table = self._table([table for table, _, _ in group], PREFILL_ROWS,
                                 self.pages_per_row)
-            self.pages = prefill(self.params, self.pages, table,
-                                 lengths, tokens, num_new, config=self.config,
-                                 forward_fn=self.forward_fn)
+            self.pages = prefill(self.params, self.pages, table, lengths, tokens, num_new,
+                                 config=self.config, forward_fn=self.forward_fn)
             todo = [(table, start + width, toks[width:])
                     for table, start, toks in group if len(toks) > width] + todo
 
