@@ -42,7 +42,7 @@ METRICS = {
     "clip_high_frac", "approx_kl", "entropy", "grad_norm", "lr", "logprob_mismatch/abs",
     "perf/rollout_tokens_per_s", "perf/update_tokens_per_s", "time/rollout_s",
     "time/tool_wait_s", "time/reward_wait_s", "time/update_s", "loss", "rollouts/positives",
-    "rollouts/kept_positives", "rollout/preemptions",
+    "rollouts/kept_positives", "rollouts/preemptions",
 }
 
 
@@ -55,7 +55,7 @@ def test_rl_steps_train_and_resume_exactly(sft_model):
     for r in records:
         assert METRICS <= r.keys(), METRICS - r.keys()
         assert np.isfinite(r["loss"]) and r["groups/kept"] >= 1
-        assert r["rollout/preemptions"] == 0  # no memory budget on CPU: every row fits
+        assert r["rollouts/preemptions"] == 0  # no memory budget on CPU: every row fits
         assert 0.0 < r["reward/mean"] < 1.0
         assert r["rollouts/positives"] == r["reward/mean"] * 4 * 8  # questions x rollouts
         assert ("tools/error_ratio_kept_positives" in r) <= (r["rollouts/kept_positives"] > 0)

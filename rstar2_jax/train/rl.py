@@ -105,7 +105,7 @@ class RLLoop:
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,
             "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
-            "rollout/preemptions": preemptions}
+            "rollouts/preemptions": preemptions}
         start = time.perf_counter()
         if kept.index.size:
             limits = self.config.limits
