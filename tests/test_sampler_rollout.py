@@ -248,7 +248,6 @@ def test_a_long_tail_batch_completes_in_a_pool_a_slots_x_bucket_cache_would_over
     assert len(trajs[0].response_ids) >= 8 * shortest
     slots_x_bucket = 8 * bucket(longest, 128)
     assert slots_x_bucket == 2048 and sampler.plan.num_pages * 8 * 4 <= slots_x_bucket
-    assert sampler._engine.most_pages_used <= 64
     assert [t.finish_reason for t in trajs] == ["answer"] * 8
     assert _tokens(trajs) == _tokens(unconstrained)
 

@@ -73,6 +73,18 @@ def bucket(n: int, minimum: int = 8) -> int:
     return size
 
 
+def table_width(pages: int, page_size: int) -> int:
+    """Width (pages) of a block table for rows of up to `pages` pages: a power-of-two bucket of
+    at least `_MIN_TABLE_TOKENS` positions."""
+    return bucket(pages, -(-_MIN_TABLE_TOKENS // page_size))
+
+
+def least_pages(*, max_len: int, max_prompt_len: int, stage_rows: int, page_size: int) -> int:
+    """The smallest pool an engine accepts: one row at `max_len` and `stage_rows` staged
+    prompts, so that the oldest row can always finish."""
+    return -(-max_len // page_size) + stage_rows * -(-max_prompt_len // page_size)
+
+
 @flax.struct.dataclass
 class ChunkOutput:
     """What one decode call produced, per slot (`decode_chunk`) or per row (`Engine.decode`)."""
@@ -153,8 +165,7 @@ class Engine:
     """Host handle on the rows and the page pool: stages prompts, admits, decodes, resumes.
 
     Args:
-      params, config: the policy (params are read, never copied: the trainer's latest params can
-        be swapped in with `set_params`).
+      params, config: the policy (params are read, never copied).
       num_slots: rows decoded together (the decode batch).
       num_rows: sequences held at once (default `num_slots`): rows beyond the slots wait for one
         (an agentic row waiting on its tool call needs pages but no slot); each decode call runs
@@ -196,9 +207,10 @@ class Engine:
         self.chunk = chunk
         self.page_size = page_size
         self.pages_per_row = self.pages_for(max_len)
-        stage_pages = stage_rows * self.pages_for(max_prompt_len)
-        least = self.pages_per_row + stage_pages
+        least = least_pages(max_len=max_len, max_prompt_len=max_prompt_len,
+                            stage_rows=stage_rows, page_size=page_size)
         if num_pages is None:
+            stage_pages = least - self.pages_per_row
             num_pages = num_rows * bucket(self.pages_per_row, minimum=1) + stage_pages
         if num_pages < least:
             raise ValueError(f"{num_pages} pages cannot hold one row of {max_len} tokens and "
@@ -212,7 +224,6 @@ class Engine:
         self.decode_calls = 0
         self.decode_steps = 0  # model steps run by decode calls (each for all running rows)
         self.preemptions = 0
-        self.most_pages_used = 0
         # Pages: reference counts (a staged prompt's full pages are shared by its samples).
         self.refs = np.zeros((num_pages,), np.int64)
         self.free: list[int] = list(range(num_pages - 1, -1, -1))
@@ -226,9 +237,6 @@ class Engine:
         self.active = np.zeros((num_rows,), bool)  # the row wants to generate
         self.order = np.zeros((num_rows,), np.int64)  # admission order: the newest yields first
         self._admitted = 0
-
-    def set_params(self, params) -> None:
-        self.params = params
 
     def close(self) -> None:
         """Drops the page pool (device memory); the engine cannot be used afterwards."""
@@ -244,7 +252,6 @@ class Engine:
             raise RuntimeError(f"page pool exhausted: {n} pages wanted, {len(self.free)} free")
         pages = [self.free.pop() for _ in range(n)]
         self.refs[pages] += 1
-        self.most_pages_used = max(self.most_pages_used, self.num_pages - len(self.free))
         return pages
 
     def _unref(self, pages: list[int]) -> None:
@@ -253,10 +260,13 @@ class Engine:
             if self.refs[page] == 0:
                 self.free.append(page)
 
+    def pages_ahead(self, tokens: int, budget: int) -> int:
+        """Pages a row of `tokens` tokens that may generate `budget` more needs for its next
+        decode call (rows get pages one call ahead)."""
+        return self.pages_for(tokens + min(self.chunk, budget))
+
     def _need(self, row: int) -> int:
-        """Pages the row needs to run its next decode call."""
-        ahead = min(self.chunk, int(self.budget[row]))
-        return self.pages_for(len(self.history[row]) + ahead)
+        return self.pages_ahead(len(self.history[row]), int(self.budget[row]))
 
     def spare_pages(self) -> int:
         """Free pages not needed by the active rows' next decode call."""
@@ -274,7 +284,7 @@ class Engine:
 
     def _table(self, tables: list[list[int]], rows: int, pages: int = 1) -> np.ndarray:
         """Block tables [rows, W] of `tables`, W the bucket of the longest (at least `pages`)."""
-        width = bucket(max([pages, *map(len, tables)]), self.pages_for(_MIN_TABLE_TOKENS))
+        width = table_width(max([pages, *map(len, tables)]), self.page_size)
         out = np.zeros((rows, width), np.int32)
         for i, table in enumerate(tables):
             out[i, : len(table)] = table
@@ -413,8 +423,8 @@ class Engine:
         self.decode_calls += 1
         n = len(runs)
 
-        def slots(values, fill=0):  # per-row values of the running rows, padded to the slots
-            out = np.full((self.num_slots, *values.shape[1:]), fill, values.dtype)
+        def slots(values):  # per-row values of the running rows, padded to the slots
+            out = np.zeros((self.num_slots, *values.shape[1:]), values.dtype)
             out[:n] = values[runs]
             return out
 

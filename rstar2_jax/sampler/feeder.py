@@ -20,16 +20,15 @@ class PromptFeeder:
       engine: the rows to fill.
       prompts: token-id lists (the last token of each becomes its rows' pending token).
       samples: samples per prompt.
-      budget: tokens each sample may generate: one for all prompts, or one per prompt.
+      budgets: tokens each sample of each prompt may generate, one per prompt.
       seed: PRNG seed of the samples' keys.
       first_sequence: key index of the first prompt's first sample (a share of a larger batch
         passes its offset in that batch, so its samples draw what they would draw there).
     """
 
     def __init__(self, engine: Engine, prompts: list[list[int]], samples: int,
-                 budget: int | list[int], seed: int, first_sequence: int = 0):
-        self.engine, self.prompts, self.samples = engine, prompts, samples
-        self.budgets = [budget] * len(prompts) if isinstance(budget, int) else list(budget)
+                 budgets: list[int], seed: int, first_sequence: int = 0):
+        self.engine, self.prompts, self.samples, self.budgets = engine, prompts, samples, budgets
         self.keys = sequence_keys(seed, len(prompts) * samples, first_sequence)
         self.queue = collections.deque((p, s) for p in range(len(prompts)) for s in range(samples))
         self.unstarted = collections.Counter(p for p, _ in self.queue)
@@ -61,7 +60,7 @@ class PromptFeeder:
             p, _ = self.queue[0]
             n = len(self.prompts[p]) - 1
             # The row's own pages for its first decode call: all but the prompt's full pages.
-            need = engine.pages_for(n + min(engine.chunk, self.budgets[p])) - n // engine.page_size
+            need = engine.pages_ahead(n, self.budgets[p]) - n // engine.page_size
             staged = p in self.staged or p in new
             if not staged:
                 if len(self.staged) + len(new) >= engine.stage_rows:

@@ -26,7 +26,13 @@ import jax
 
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.sampler.engine import PREFILL_ROWS, PREFILL_WIDTH, bucket
+from rstar2_jax.sampler.engine import (
+    PREFILL_ROWS,
+    PREFILL_WIDTH,
+    bucket,
+    least_pages,
+    table_width,
+)
 
 GIB = 1 << 30
 
@@ -85,8 +91,9 @@ class MemoryPlan:
 
     @property
     def least_pages(self) -> int:
-        """The smallest pool the engine accepts: one row at full length and the staged prompts."""
-        return self.pages_per_row + self.stage_pages
+        """The smallest pool the engine accepts (`engine.least_pages`)."""
+        return least_pages(max_len=self.max_len, max_prompt_len=self.max_prompt_len,
+                           stage_rows=self.stage_rows, page_size=self.page_size)
 
     def fixed(self, num_slots: int | None = None) -> int:
         """Bytes besides the pool with ``num_slots`` slots (default: the plan's)."""
@@ -141,7 +148,7 @@ def plan_memory(config: ModelConfig, params, *, num_slots: int, num_rows: int, m
     itemsize = jax.numpy.dtype(config.jnp_dtype).itemsize
     kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
     # The widest block table a step reads, in positions.
-    positions = bucket(-(-max_len // page_size), -(-128 // page_size)) * page_size
+    positions = table_width(-(-max_len // page_size), page_size) * page_size
     gathered = positions * kv_per_token // config.num_layers  # one layer's keys and values
     scores = positions * 8 * config.num_heads  # float32 scores and probabilities of a query
     # float32 logits, log-softmax and the sorted copy top-k/top-p sampling makes, plus indices.

@@ -326,8 +326,9 @@ class AgentSampler:
 
     def _rollout(self, engine: Engine, prompts, samples_per_prompt, on_finish, seed,
                  first_sequence) -> tuple[list[Trajectory], RolloutStats]:
-        feeder = PromptFeeder(engine, prompts, samples_per_prompt, self.limits.max_response_tokens,
-                              seed, first_sequence)
+        feeder = PromptFeeder(engine, prompts, samples_per_prompt,
+                              [self.limits.max_response_tokens] * len(prompts), seed,
+                              first_sequence)
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
