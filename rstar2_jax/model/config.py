@@ -10,18 +10,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# XLA's names; on a GPU "default" and "high" are TF32 matmuls, on a TPU one and three bfloat16
+# passes; "highest" is a true float32 matmul everywhere (a CPU computes float32 in any case).
+MATMUL_PRECISIONS = ("highest", "high", "default")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A Qwen2 or Qwen3 dense decoder.
 
-    `dtype` is the dtype of the params and of the activations between layers; RMSNorm, the
-    attention softmax and the output logits are always computed in float32.
+    `dtype` is the compute dtype: the activations between layers, and the dtype every weight is
+    cast to where it is used (a no-op when the params are stored in it). Params may be stored
+    in another dtype (float32 master weights under bfloat16 compute): the cast happens inside
+    the differentiated function, so gradients come back in the params' own dtype. RMSNorm,
+    RoPE, the attention softmax, the output logits and log-probs are always float32.
+    `matmul_precision` is the precision of matmuls when `dtype` is float32 (one of
+    `MATMUL_PRECISIONS`); bfloat16 matmuls always multiply bfloat16 and accumulate in float32.
     `attention_bias` means biases on the q/k/v projections (always on in Qwen2 checkpoints);
     `qk_norm` is Qwen3's per-head RMSNorm of queries and keys before RoPE.
     """
@@ -41,6 +50,7 @@ class ModelConfig:
     qk_norm: bool = False
     max_position_embeddings: int = 32768
     dtype: str = "float32"
+    matmul_precision: str = "highest"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -51,6 +61,9 @@ class ModelConfig:
                              f"expected one of {sorted(_ARCHITECTURES)}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; expected one of {sorted(_DTYPES)}")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"matmul_precision {self.matmul_precision!r} is not supported; "
+                             f"expected one of {', '.join(MATMUL_PRECISIONS)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
@@ -62,6 +75,14 @@ class ModelConfig:
     @property
     def jnp_dtype(self):
         return _DTYPES[self.dtype]
+
+    @property
+    def precision(self) -> jax.lax.Precision | None:
+        """The `precision=` of every matmul of this model: `matmul_precision` in float32, the
+        backend's bfloat16 default (None) otherwise."""
+        if self.dtype != "float32":
+            return None
+        return jax.lax.Precision[self.matmul_precision.upper()]
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], dtype: str = "float32") -> ModelConfig:

@@ -1,12 +1,14 @@
 """The Qwen2 / Qwen3 decoder as pure functions of the params pytree (see `params.py`).
 
 Shapes: B batch, T query tokens, S key slots, E hidden, H query heads, K kv heads, D head dim,
-V vocab. Activations between layers are in `config.dtype`; RMSNorm, RoPE angles, attention
-scores/softmax and logits are float32.
+V vocab. Activations between layers are in `config.dtype` (the compute dtype; weights stored in
+another dtype are cast to it where they are used); RMSNorm, RoPE angles, attention
+scores/softmax and logits are float32. Every matmul states its precision (`config.precision`).
 
 Padding: `forward` takes `attention_mask [B, T]` (1 = real token) and gives each real token the
 position `cumsum(mask) - 1`, so left- and right-padded batches both give the same logits at real
-positions as the unpadded rows would. Logits at pad positions are garbage (finite, never NaN).
+positions as the unpadded rows would; or `lengths [B]` for right-padded rows, which lets
+attention run as a fused causal kernel. Logits at pad positions are garbage (finite, never NaN).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import math
 from typing import Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 from rstar2_jax.model.config import ModelConfig
@@ -33,7 +36,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     # Like transformers: cast back before the scale, so bf16 models round at the same place.
-    return scale * normed.astype(x.dtype)
+    return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -46,30 +49,79 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S] bool -> [B, T, H, D].
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None, *,
+              lengths: jax.Array | None = None, precision: jax.lax.Precision | None = None
+              ) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D], k/v [B, K, S, D] -> [B, T, H, D] in q's dtype.
 
-    Many-token attention (prefill, training) has a hand-written backward pass (`_attention_bwd`):
-    it keeps q, k, v, the output and the softmax's row max and sum, and recomputes the
-    probabilities, where autodiff would store two float32 [B, H, T, S] arrays per layer (2.1 GB
-    for 8 layers, 8 heads, 16 x 512 tokens) and transpose them. A decode step (T = 1) takes
-    `_decode_attention`.
+    `mask` [B, T, S] bool says which keys each query sees (any pattern: a cache's slots, left
+    padding). Without it the attention is causal self-attention (S = T) over right-padded rows
+    whose first `lengths[b]` tokens are real (default all T); a pad query's output is garbage.
+    `precision` is that of the matmuls (see `ModelConfig.precision`).
+
+    Which kernel runs (the same result up to rounding; docs/accelerators.md):
+      - causal, bfloat16 or float16, on an NVIDIA GPU: cuDNN's fused flash attention
+        (`jax.nn.dot_product_attention(implementation="cudnn")`, masking by `is_causal` and the
+        sequence lengths, which keeps its backward pass fast);
+      - a decode step (T = 1): `_decode_attention`;
+      - otherwise `_attention`, with a hand-written backward pass; on CPU it scores all queries
+        at once (the fastest there), on accelerators a chunk of `_QUERY_CHUNK` queries at a
+        time, so that no [B, H, T, S] array of scores exists.
     """
+    if mask is None:
+        if _cudnn_supports(q):
+            try:
+                return _cudnn_causal(q, k, v, lengths)
+            except NotImplementedError:  # a shape cuDNN's flash attention does not take
+                pass
+        mask = _causal_mask(q.shape[0], q.shape[1], lengths)
     if q.shape[1] == 1:
-        return _decode_attention(q, k, v, mask)
-    return _attention(q, k, v, mask)
+        return _decode_attention(q, k, v, mask, precision)
+    chunk = q.shape[1] if jax.default_backend() == "cpu" else _QUERY_CHUNK
+    return _attention(q, k, v, mask, chunk, precision)
 
 
-def _decode_attention(q, k, v, mask):
+# Queries scored at once by `_attention` on accelerators: the scores of one chunk are
+# [B, H, 512, S] float32 (0.5 GB at 8 x 16 heads x 2,048 keys).
+_QUERY_CHUNK = 512
+
+
+def _causal_mask(batch: int, t: int, lengths: jax.Array | None) -> jax.Array:
+    """[B, T, T] bool: query t sees keys s <= t that are among its row's first lengths[b]."""
+    mask = jnp.tril(jnp.ones((t, t), bool))[None]
+    if lengths is None:
+        return jnp.broadcast_to(mask, (batch, t, t))
+    return mask & (jnp.arange(t) < lengths[:, None, None])
+
+
+def _cudnn_supports(q: jax.Array) -> bool:
+    """Whether cuDNN's flash attention can run here: an NVIDIA GPU (not ROCm) and a 16-bit dtype."""
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or jax.default_backend() != "gpu":
+        return False
+    return "cuda" in jax.extend.backend.get_backend().platform_version.lower()
+
+
+def _cudnn_causal(q, k, v, lengths):
+    """Causal attention by cuDNN; k/v [B, K, S, D] as `attention` takes them (the transposes to
+    its [B, S, K, D] cancel against the model's own)."""
+    if lengths is not None:
+        lengths = jnp.maximum(lengths, 1).astype(jnp.int32)  # an empty row would give NaNs
+    return jax.nn.dot_product_attention(
+        q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), is_causal=True,
+        query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation="cudnn")
+
+
+def _decode_attention(q, k, v, mask, precision=None):
     """`attention` of one query token per row. XLA:CPU runs it ~2x faster with the key slots
     ahead of the query heads in the scores ([B, K, S, G]) than in the many-token order."""
     b, _, h, d = q.shape
     kv_heads = k.shape[1]
     q = q.reshape(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head h reads kv head h // G
-    scores = jnp.einsum("bkgd,bksd->bksg", q, k, preferred_element_type=jnp.float32) * d**-0.5
+    scores = jnp.einsum("bkgd,bksd->bksg", q, k, precision=precision,
+                        preferred_element_type=jnp.float32) * d**-0.5
     scores = jnp.where(mask[:, 0, None, :, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=2).astype(v.dtype)
-    return jnp.einsum("bksg,bksd->bkgd", probs, v).reshape(b, 1, h, d)
+    return jnp.einsum("bksg,bksd->bkgd", probs, v, precision=precision).reshape(b, 1, h, d)
 
 
 def _grouped(x, kv_heads):
@@ -84,51 +136,106 @@ def _ungrouped(x):
     return x.transpose(0, 3, 1, 2, 4).reshape(b, t, kv_heads * group, d)
 
 
-def _masked_scores(q, k, mask):
+def _masked_scores(q, k, mask, precision):
     """float32 scaled scores [B, K, G, T, S] of grouped q and k, _MASKED where mask is False."""
-    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, precision=precision,
+                        preferred_element_type=jnp.float32)
     return jnp.where(mask[:, None, None], scores * q.shape[-1]**-0.5, _MASKED)
 
 
-def _attention_fwd(q, k, v, mask):
-    qg = _grouped(q, k.shape[1])
-    scores = _masked_scores(qg, k, mask)
-    # jax.nn.softmax, keeping its row max and sum for the backward pass.
+def _block_fwd(qg, k, v, mask, precision):
+    """Attention of grouped queries qg [B, K, G, C, D] to all keys: float32 output [B, K, G, C, D]
+    and the softmax's row max and sum [B, K, G, C, 1] (as in jax.nn.softmax)."""
+    scores = _masked_scores(qg, k, mask, precision)
     row_max = jnp.max(scores, axis=-1, keepdims=True)
     unnormalized = jnp.exp(scores - row_max)
     row_sum = jnp.sum(unnormalized, axis=-1, keepdims=True)
     probs = (unnormalized / row_sum).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v, preferred_element_type=jnp.float32)
-    return _ungrouped(out.astype(v.dtype)), (q, k, v, mask, out, row_max, row_sum)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v, precision=precision,
+                     preferred_element_type=jnp.float32)
+    return out, row_max, row_sum
 
 
-def _attention_bwd(res, d_out):
-    q, k, v, mask, out, row_max, row_sum = res  # out: float32 [B, K, G, T, D]
-    kv_heads = k.shape[1]
-    qg = _grouped(q, kv_heads)
-    probs = jnp.exp(_masked_scores(qg, k, mask) - row_max) / row_sum  # float32 [B, K, G, T, S]
-    d_out_g = _grouped(d_out, kv_heads)
-    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(v.dtype), d_out_g)
-    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out_g, v, preferred_element_type=jnp.float32)
-    # Softmax backward, with sum_s probs * d_probs = sum_d out * d_out (no pass over [T, S]).
+def _block_bwd(qg, k, v, mask, out, row_max, row_sum, d_out_g, precision):
+    """Gradients of `_block_fwd`'s output (float32 d_q [B, K, G, C, D], d_k, d_v [B, K, S, D])
+    from the kept row max and sum: the probabilities are recomputed, never stored."""
+    probs = jnp.exp(_masked_scores(qg, k, mask, precision) - row_max) / row_sum  # [B, K, G, C, S]
+    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(v.dtype), d_out_g, precision=precision,
+                     preferred_element_type=jnp.float32)
+    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out_g, v, precision=precision,
+                         preferred_element_type=jnp.float32)
+    # Softmax backward, with sum_s probs * d_probs = sum_d out * d_out (no pass over [C, S]).
     # Masked scores get no gradient: a fully masked row's uniform probabilities must not leak.
     row_dot = jnp.sum(out * d_out_g.astype(jnp.float32), axis=-1, keepdims=True)
     d_scores = jnp.where(mask[:, None, None], probs * (d_probs - row_dot), 0.0)
-    d_scores = (d_scores * q.shape[-1]**-0.5).astype(q.dtype)
-    d_q = _ungrouped(jnp.einsum("bkgts,bksd->bkgtd", d_scores, k))
-    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_scores, qg)
-    return d_q, d_k, d_v, None
+    d_scores = (d_scores * qg.shape[-1]**-0.5).astype(qg.dtype)
+    d_q = jnp.einsum("bkgts,bksd->bkgtd", d_scores, k, precision=precision,
+                     preferred_element_type=jnp.float32)
+    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_scores, qg, precision=precision,
+                     preferred_element_type=jnp.float32)
+    return d_q, d_k, d_v
 
 
-@jax.custom_vjp
-def _attention(q, k, v, mask):
-    return _attention_fwd(q, k, v, mask)[0]
+def _query_chunks(x, axis, chunk):
+    """x with its query axis (size T) split into [n, ..., chunk, ...] (n = ceil(T / chunk)),
+    zero/False-padded at the end: a padded query sees no key and gets no gradient."""
+    pad = -x.shape[axis] % chunk
+    x = jnp.pad(x, [(0, pad) if a == axis else (0, 0) for a in range(x.ndim)])
+    x = x.reshape(*x.shape[:axis], -1, chunk, *x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
+
+
+def _attention_fwd(q, k, v, mask, chunk, precision):
+    """Output [B, T, H, D], and the residuals: q, k, v, mask and the float32 output, row max and
+    row sum of `_block_fwd`, [B, K, G, T, ...] for one chunk, [n, B, K, G, chunk, ...] for n."""
+    qg = _grouped(q, k.shape[1])
+    t = q.shape[1]
+    if t <= chunk:
+        out, row_max, row_sum = _block_fwd(qg, k, v, mask, precision)
+        merged = out
+    else:
+        out, row_max, row_sum = jax.lax.map(
+            lambda a: _block_fwd(a[0], k, v, a[1], precision),
+            (_query_chunks(qg, 3, chunk), _query_chunks(mask, 1, chunk)))
+        merged = jnp.moveaxis(out, 0, 3)  # [B, K, G, n, chunk, D]
+        merged = merged.reshape(*merged.shape[:3], -1, merged.shape[-1])[:, :, :, :t]
+    return _ungrouped(merged.astype(v.dtype)), (q, k, v, mask, out, row_max, row_sum)
+
+
+def _attention_bwd(chunk, precision, res, d_out):
+    q, k, v, mask, out, row_max, row_sum = res
+    qg, d_out_g = _grouped(q, k.shape[1]), _grouped(d_out, k.shape[1])
+    b, t, h, d = q.shape
+    if t <= chunk:
+        d_q, d_k, d_v = _block_bwd(qg, k, v, mask, out, row_max, row_sum, d_out_g, precision)
+    else:
+        def step(carry, a):
+            d_q, d_k, d_v = _block_bwd(a[0], k, v, a[1], *a[2:], precision)
+            return (carry[0] + d_k, carry[1] + d_v), d_q
+
+        zeros = jnp.zeros(k.shape, jnp.float32)
+        (d_k, d_v), d_q = jax.lax.scan(step, (zeros, zeros), (
+            _query_chunks(qg, 3, chunk), _query_chunks(mask, 1, chunk), out, row_max, row_sum,
+            _query_chunks(d_out_g, 3, chunk)))
+        d_q = jnp.moveaxis(d_q, 0, 3)
+        d_q = d_q.reshape(*d_q.shape[:3], -1, d)[:, :, :, :t]
+    return _ungrouped(d_q).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attention(q, k, v, mask, chunk, precision):
+    """Many-token attention (q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S]), `chunk` queries
+    at a time. Its backward pass keeps q, k, v, the output and the softmax's row max and sum,
+    and recomputes the probabilities, where autodiff would store two float32 [B, H, T, S] arrays
+    per layer (2.1 GB for 8 layers, 8 heads, 16 x 512 tokens) and transpose them."""
+    return _attention_fwd(q, k, v, mask, chunk, precision)[0]
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+def _dense(x: jax.Array, w: jax.Array, n_in: int = 1,
+           precision: jax.lax.Precision | None = None) -> jax.Array:
     """x [..., *in] @ w [*in, *out] -> [..., *out], with `n_in` contracted axes, as one 2-D matmul.
 
     XLA:CPU lowers the weight gradient of a 3-D einsum such as "bte,ef->btf" with a physical
@@ -136,7 +243,8 @@ def _dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     16 x 512 tokens); the same product on [B*T, E] x [E, F] needs none.
     """
     lead, inner, outer = x.shape[:x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
-    y = x.reshape(math.prod(lead), math.prod(inner)) @ w.reshape(math.prod(inner), math.prod(outer))
+    y = jnp.matmul(x.reshape(math.prod(lead), math.prod(inner)),
+                   w.reshape(math.prod(inner), math.prod(outer)), precision=precision)
     return y.reshape(*lead, *outer)
 
 
@@ -150,14 +258,21 @@ def final_norm(params: dict, config: ModelConfig, x: jax.Array) -> jax.Array:
 
 
 def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
-                  mask: jax.Array, attend_to: AttendTo | None = None) -> jax.Array:
-    """One pre-norm block, x [B, T, E] -> [B, T, E], for one layer's params `p`.
+                  mask: jax.Array | None, attend_to: AttendTo | None = None, *,
+                  lengths: jax.Array | None = None) -> jax.Array:
+    """One pre-norm block, x [B, T, E] -> [B, T, E] in the compute dtype, for one layer's params
+    `p` (x and the weights are cast to `config.dtype` here: no-ops when they already are).
 
-    positions [B, T] int32; mask [B, T, S] says which keys each query sees. Without `attend_to`
-    the keys are this call's own tokens (S = T); with it, whatever it returns (see `AttendTo`).
+    positions [B, T] int32; mask [B, T, S] says which keys each query sees, or None for causal
+    self-attention over right-padded rows of `lengths` real tokens (see `attention`). Without
+    `attend_to` the keys are this call's own tokens (S = T); with it, whatever it returns (see
+    `AttendTo`).
     """
+    p = jax.tree.map(lambda w: w.astype(config.jnp_dtype), p)
+    x = x.astype(config.jnp_dtype)
+    dense = functools.partial(_dense, precision=config.precision)
     h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
-    q, k, v = _dense(h, p["q"]), _dense(h, p["k"]), _dense(h, p["v"])
+    q, k, v = dense(h, p["q"]), dense(h, p["k"]), dense(h, p["v"])
     if config.attention_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if config.qk_norm:
@@ -170,26 +285,29 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
         k, v = attend_to(k, v)
         # The cache may be stored in another dtype than the model computes in.
         k, v = k.astype(q.dtype), v.astype(q.dtype)
-    x = x + _dense(attention(q, k, v, mask), p["o"], n_in=2)
+    x = x + dense(attention(q, k, v, mask, lengths=lengths, precision=config.precision), p["o"],
+                  n_in=2)
 
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
-    gated = jax.nn.silu(_dense(h, p["gate"])) * _dense(h, p["up"])
-    return x + _dense(gated, p["down"])
+    gated = jax.nn.silu(dense(h, p["gate"])) * dense(h, p["up"])
+    return x + dense(gated, p["down"])
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                mask: jax.Array, remat: bool = False) -> jax.Array:
+                mask: jax.Array | None, remat: bool = False, lengths: jax.Array | None = None
+                ) -> jax.Array:
     """Embeds tokens [B, T] and runs all layers (a `lax.scan` over the stacked layer weights):
-    returns final-normed hidden [B, T, E]. `mask` [B, T, T] says which tokens each token sees."""
+    returns final-normed hidden [B, T, E] in the compute dtype. `mask` [B, T, T] says which
+    tokens each token sees, or None: causal over `lengths` (see `attention`)."""
     def layer(x, p):
-        return decoder_layer(config, p, x, positions, mask), None
+        return decoder_layer(config, p, x, positions, mask, lengths=lengths), None
 
     # remat: keep only each layer's input for the backward pass and recompute the rest.
     # Otherwise keep the projections' outputs and recompute the elementwise ops between them:
     # left to itself, autodiff stacks about six [B*T, intermediate] MLP arrays per layer.
     layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable if remat
                            else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-    x, _ = jax.lax.scan(layer, embed(params, tokens), params["layers"])
+    x, _ = jax.lax.scan(layer, embed(params, tokens).astype(config.jnp_dtype), params["layers"])
     return final_norm(params, config, x)
 
 
@@ -199,19 +317,49 @@ def output_head(params: dict, config: ModelConfig) -> jax.Array:
 
 
 def logits_from_hidden(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """float32 logits [..., V] from final hidden states [..., E]."""
-    return jnp.einsum("...e,ev->...v", hidden, output_head(params, config),
+    """float32 logits [..., V] from final hidden states [..., E]. The head is cast to hidden's
+    dtype here, so a chunked caller's gradient of it is summed over chunks in its own dtype."""
+    return _logits(hidden, output_head(params, config).astype(hidden.dtype), config.precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _logits(hidden, head, precision):
+    """hidden [..., E] @ head [E, V] -> float32 [..., V], accumulated in float32. The backward
+    pass multiplies in hidden's dtype as well: autodiff would pair the float32 cotangent with
+    the bfloat16 operand, a float32 product on an accelerator, and the largest of the step."""
+    return jnp.einsum("...e,ev->...v", hidden, head, precision=precision,
                       preferred_element_type=jnp.float32)
 
 
+def _logits_fwd(hidden, head, precision):
+    return _logits(hidden, head, precision), (hidden, head)
+
+
+def _logits_bwd(precision, res, d_logits):
+    hidden, head = res
+    d_logits = d_logits.astype(hidden.dtype)
+    d_hidden = jnp.einsum("...v,ev->...e", d_logits, head, precision=precision,
+                          preferred_element_type=jnp.float32)
+    d_head = jnp.einsum("...e,...v->ev", hidden, d_logits, precision=precision,
+                        preferred_element_type=jnp.float32)
+    return d_hidden.astype(hidden.dtype), d_head.astype(head.dtype)
+
+
+_logits.defvjp(_logits_fwd, _logits_bwd)
+
+
 def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array,
-                  attention_mask: jax.Array | None = None, *, remat: bool = False) -> jax.Array:
+                  attention_mask: jax.Array | None = None, *, lengths: jax.Array | None = None,
+                  remat: bool = False) -> jax.Array:
     """Final-normed hidden states [B, T, E] of a full causal pass (see `forward`)."""
+    t = tokens.shape[1]
     if attention_mask is None:
-        attention_mask = jnp.ones(tokens.shape, jnp.int32)
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
+        return run_decoder(params, config, tokens, positions, None, remat=remat, lengths=lengths)
+    if lengths is not None:
+        raise ValueError("give attention_mask or lengths, not both")
     real = attention_mask.astype(bool)
     positions = jnp.maximum(jnp.cumsum(real, axis=1) - 1, 0)
-    t = tokens.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))
     mask = causal[None] & real[:, None, :]  # [B, T, S=T]
     return run_decoder(params, config, tokens, positions, mask, remat=remat)
@@ -219,12 +367,18 @@ def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array,
 
 @functools.partial(jax.jit, static_argnames=("config", "remat"))
 def forward(params: dict, config: ModelConfig, tokens: jax.Array,
-            attention_mask: jax.Array | None = None, *, remat: bool = False) -> jax.Array:
+            attention_mask: jax.Array | None = None, *, lengths: jax.Array | None = None,
+            remat: bool = False) -> jax.Array:
     """Full causal forward: tokens int32 [B, T] -> float32 logits [B, T, V].
 
-    attention_mask [B, T] (1 = real token, 0 = pad; default all real). Pads may be on either
-    side; real tokens get positions cumsum(mask) - 1. `remat` recomputes each layer in the
-    backward pass instead of storing its activations.
+    Padding, either way (default: every token real):
+      attention_mask [B, T]  1 = real token, 0 = pad, on either side; real tokens get positions
+                             cumsum(mask) - 1;
+      lengths [B] int32      right-padded rows whose first lengths[b] tokens are real: the
+                             fused causal attention kernel where the backend has one (the
+                             training path; `attention`).
+    `remat` recomputes each layer in the backward pass instead of storing its activations.
+    Computes in `config.dtype` from params of any float dtype (see `ModelConfig`).
     """
-    return logits_from_hidden(params, config,
-                              hidden_states(params, config, tokens, attention_mask, remat=remat))
+    return logits_from_hidden(params, config, hidden_states(
+        params, config, tokens, attention_mask, lengths=lengths, remat=remat))

@@ -62,8 +62,9 @@ class RolloutSettings:
     verifier_workers: answer-checking processes.
     verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
     serving_dtype: dtype of the params and KV cache the sampler serves, cast from the trainer's
-      params once per rollout call: "auto" (bfloat16 on GPU and TPU, the model's own dtype on
-      CPU), "float32" or "bfloat16".
+      params once per rollout call: "auto" (bfloat16 on GPU and TPU, on CPU the dtype the model
+      computes in: a training job's ``precision.compute``), "float32" or "bfloat16". Part of the
+      precision policy (docs/accelerators.md#precision).
     memory_budget_gib: device memory the rollout engine may use; None: ``memory_fraction`` of
       the device's free memory where the backend reports it (GPU, TPU), no check on CPU.
       `rstar2_jax.sampler.memory` plans it before the first rollout.

@@ -41,6 +41,7 @@ from rstar2_jax.train.configs import (
     MeshConfig,
     ModelSource,
     OptimizerConfig,
+    PrecisionConfig,
     RLConfig,
     RLJobConfig,
     SFTConfig,
@@ -74,6 +75,9 @@ class DemoConfig:
         the longest demonstration's (see ``sft_seq_len``), never a constant.
       rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering must
         match ``data``'s, so that RL shows the model what SFT showed it).
+      precision: the precision policy of SFT and RL (``precision.compute=bfloat16`` trains
+        with bfloat16 compute and float32 master weights, as on an accelerator); the evaluation
+        serves the exported float32 weights under either policy.
       max_turns, max_response_tokens: rollout limits, for RL and evaluation alike.
       eval_problems, eval_samples, eval_temperature: the held-out evaluation (paper: 16 samples
         at temperature 0.6); pass@1 is averaged over the samples, pass@k is unbiased.
@@ -102,6 +106,7 @@ class DemoConfig:
         lr=1e-3, warmup_steps=2, weight_decay=0.0))
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(
         num_slots=64, chunk=32, show_tool_time=False, tool_timeout_s=2.0))
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     max_turns: int = 4
     max_response_tokens: int = 320
     eval_problems: int = 64
@@ -212,7 +217,7 @@ def sft_config(cfg: DemoConfig, out: Path, seq_len: int) -> SFTConfig:
         model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
         data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=seq_len,
         batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed,
-        digit_loss_weight=cfg.sft_digit_loss_weight,
+        digit_loss_weight=cfg.sft_digit_loss_weight, precision=cfg.precision,
         optimizer=cfg.sft_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
         mesh=MeshConfig(fsdp=1))
 
@@ -223,8 +228,9 @@ def rl_config(cfg: DemoConfig, out: Path, name: str) -> RLJobConfig:
         run_dir=str(out / name), seed=cfg.seed, rl=cfg.rl,
         stage=StageConfig(name="toy", steps=cfg.rl_steps, dataset=str(out / "data" / "train.jsonl"),
                           max_response_tokens=cfg.max_response_tokens, max_turns=cfg.max_turns),
-        optimizer=cfg.rl_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
-        mesh=MeshConfig(fsdp=1), rollout=cfg.rollout)
+        precision=cfg.precision, optimizer=cfg.rl_optimizer,
+        checkpoint=CheckpointConfig(every=10_000, keep=1), mesh=MeshConfig(fsdp=1),
+        rollout=cfg.rollout)
 
 
 def export_model(run_dir: Path, output: Path, tokenizer) -> None:

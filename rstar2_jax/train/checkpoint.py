@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rstar2_jax import chat
-from rstar2_jax.errors import ModelError, TokenizerError, require_writable_dir
+from rstar2_jax.errors import ConfigError, ModelError, TokenizerError, require_writable_dir
 from rstar2_jax.model import ModelConfig, param_shapes, save_hf
 from rstar2_jax.model.hf import GENERATION_CONFIG
 from rstar2_jax.tokenizer import check_tokenizer, load_tokenizer, tokenizer_files
@@ -50,6 +50,10 @@ class Restored:
 
 class CorruptCheckpointError(ModelError):
     """A checkpoint whose files cannot be read back exactly."""
+
+
+class CheckpointDtypeError(ConfigError):
+    """A sound checkpoint whose params are stored in another dtype than the run asks for."""
 
 
 @jax.jit
@@ -130,6 +134,8 @@ class Checkpointer:
         for step in reversed(self.steps()):
             try:
                 return self.restore(step, like, params_only=params_only)
+            except CheckpointDtypeError:
+                raise
             except Exception as e:  # noqa: BLE001 - any failure to read means "unusable"
                 older = [s for s in self.steps() if s < step]
                 fallback = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
@@ -144,7 +150,16 @@ class Checkpointer:
         return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def restore(self, step: int, like: TrainState, *, params_only: bool = False) -> Restored:
-        """Checkpoint ``step`` exactly (no fallback); raises if it is unreadable or damaged."""
+        """Checkpoint ``step`` exactly (no fallback); raises if it is unreadable or damaged, and
+        CheckpointDtypeError if its params are stored in another dtype than ``like``'s (orbax
+        would convert them, and the converted arrays would then fail their fingerprints)."""
+        saved = self.read_meta(step)["model_config"]["dtype"]
+        wanted = jax.tree.leaves(like.params)[0].dtype
+        if jnp.dtype(saved) != wanted:
+            raise CheckpointDtypeError(
+                f"checkpoint step {step} in {self.directory} holds {saved} params, but this run "
+                f"keeps them in {jnp.dtype(wanted).name} (precision.params): continue it with "
+                f"precision.params={saved}, or export it and start a new run from the export")
         items = {"params": ocp.args.StandardRestore(_abstract(like.params)),
                  "meta": ocp.args.JsonRestore()}
         if not params_only:

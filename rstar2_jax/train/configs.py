@@ -9,13 +9,16 @@ Load them with :func:`rstar2_jax.config.load_config` (YAML + ``key=value`` overr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+import jax
 from omegaconf import MISSING
 
 from rstar2_jax import chat
 from rstar2_jax.algorithms import resolve_algorithm
+from rstar2_jax.model import ModelConfig
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 
 
@@ -54,6 +57,41 @@ class MeshConfig:
     def __post_init__(self):
         _check(self.tp >= 1, f"mesh.tp must be >= 1, got {self.tp}")
         _check(self.fsdp is None or self.fsdp >= 1, f"mesh.fsdp must be >= 1, got {self.fsdp}")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """The precision policy of a training job (docs/accelerators.md#precision).
+
+    ``params`` is the dtype of the params and of AdamW's moments, the master weights the
+    optimizer updates: float32 by default, because in bfloat16 an update smaller than half a
+    unit in the last place of its weight (2**-9 of it: lr 1e-6 on a weight of 0.01) rounds
+    away. A checkpoint stored in bfloat16 is loaded into float32 master weights.
+    ``compute`` is the dtype the forward and backward passes run in: the activations and every
+    matmul. Weights are cast to it where they are used, inside the differentiated function, so
+    gradients, their accumulation over micro-batches and AdamW stay in ``params``' dtype. "auto"
+    is bfloat16 on GPU and TPU, float32 on CPU (where XLA emulates bfloat16 matmuls). Logits,
+    log-softmax, log-probs and the loss are float32 under any policy.
+    ``matmul`` is the precision of float32 matmuls: "highest" is a true float32 product on
+    every backend (parity tests, and the sampler/trainer log-prob gap, mean the same
+    everywhere); "high" and "default" let a GPU use TF32 and a TPU fewer bfloat16 passes.
+    The sampler's dtype is ``rollout.serving_dtype`` (auto: bfloat16 on GPU and TPU, the
+    compute dtype on CPU).
+    """
+
+    params: Literal["float32", "bfloat16"] = "float32"
+    compute: Literal["auto", "float32", "bfloat16"] = "auto"
+    matmul: Literal["highest", "high", "default"] = "highest"
+
+    @property
+    def compute_dtype(self) -> str:
+        if self.compute != "auto":
+            return self.compute
+        return "bfloat16" if jax.default_backend() in ("gpu", "tpu") else "float32"
+
+    def compute_config(self, config: ModelConfig) -> ModelConfig:
+        """``config`` as the training forward runs it (compute dtype, matmul precision)."""
+        return dataclasses.replace(config, dtype=self.compute_dtype, matmul_precision=self.matmul)
 
 
 @dataclass(frozen=True)
@@ -122,6 +160,7 @@ class SFTConfig:
     seed: int = 0
     remat: bool = False
     digit_loss_weight: float = 1.0
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     optimizer: OptimizerConfig = field(
         default_factory=lambda: OptimizerConfig(lr=5e-6, schedule="cosine", warmup_steps=0))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -257,6 +296,7 @@ class RLJobConfig:
     rl: RLConfig = field(default_factory=RLConfig)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     stage: StageConfig = MISSING
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)

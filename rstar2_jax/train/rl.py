@@ -167,14 +167,15 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                     total_steps=config.stage.steps, job_config=config, seed=config.seed,
                     mesh=config.mesh, checkpoint=config.checkpoint,
                     init_from=config.stage.init_from,
-                    reset_optimizer=config.stage.reset_optimizer, progress=progress)
+                    reset_optimizer=config.stage.reset_optimizer, precision=config.precision,
+                    progress=progress)
     try:
         loop = RLLoop(
             config=config, algorithm=algorithm, tokenizer=tokenizer, fmt=fmt,
             problems=problems, verifier=runtime.verifier,
-            sampler=runtime.sampler(run.model_config, tokenizer, config.limits,
+            sampler=runtime.sampler(run.compute_config, tokenizer, config.limits,
                                     SamplingParams(temperature=config.rl.temperature), fmt),
-            update=RLUpdate(run.model_config, config.rl, run.optimizer, mesh=run.mesh,
+            update=RLUpdate(run.compute_config, config.rl, run.optimizer, mesh=run.mesh,
                             param_specs=run.param_specs, params=run.state.params,
                             loss=algorithm.loss),
             pad_id=tokenizer.pad_token_id or 0)

@@ -3,7 +3,7 @@
 Input, one row per kept rollout, every per-token array aligned with ``tokens``::
 
     tokens          int32   [rows, seq]  prompt, generated and tool tokens, right-padded
-    attention_mask  int32   [rows, seq]  1 on real tokens
+    attention_mask  int32   [rows, seq]  1 on real tokens (a prefix of each row)
     loss_mask       int32   [rows, seq]  1 on tokens the model generated
     advantages      float32 [rows]       the rollout's advantage (from the algorithm)
     sampler_logp    float32 [rows, seq]  log-prob the sampler gave each generated token
@@ -56,9 +56,9 @@ def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConf
     is the train step's contract as it is."""
     if loss is None:
         loss = resolve_algorithm(config.algorithm).loss
-    logp = token_logprobs(params, model_config, mb["inputs"], mb["targets"], mb["attention_mask"],
-                          chunk_size=config.logprob_chunk, temperature=config.temperature,
-                          remat=config.remat)
+    logp = token_logprobs(params, model_config, mb["inputs"], mb["targets"],
+                          lengths=_lengths(mb["attention_mask"]), chunk_size=config.logprob_chunk,
+                          temperature=config.temperature, remat=config.remat)
     return loss(logp, mb["old_logp"], mb["advantages"], mb["mask"])
 
 
@@ -75,12 +75,17 @@ def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfi
 
     def one(args):
         inputs, targets, mask = args
-        return token_logprobs(params, model_config, inputs, targets, mask,
+        return token_logprobs(params, model_config, inputs, targets, lengths=_lengths(mask),
                               chunk_size=config.logprob_chunk, temperature=config.temperature,
                               return_entropy=True)
 
     logp, entropy = jax.lax.map(one, tuple(split(shifted[k]) for k in ("inputs", "targets", "attention_mask")))
     return merge(logp), merge(entropy)
+
+
+def _lengths(attention_mask):
+    """Real tokens per right-padded row [rows] of attention_mask [rows, seq]."""
+    return jnp.sum(attention_mask, axis=1, dtype=jnp.int32)
 
 
 def _masked_mean(x, mask):
@@ -179,6 +184,10 @@ class RLUpdate:
             raise ValueError(f"advantages must be [rows] = ({rows},), got {batch['advantages'].shape}")
         if np.any(batch["loss_mask"].astype(bool) & ~batch["attention_mask"].astype(bool)):
             raise ValueError("loss_mask marks padding tokens (attention_mask 0)")
+        real = batch["attention_mask"].astype(bool)
+        if np.any(real[:, 1:] & ~real[:, :-1]):
+            raise ValueError("attention_mask must be 1 on a prefix of each row (right padding): "
+                             "the update attends by row lengths")
         # Each process pads its rows alike: to a multiple of its fsdp shards (place_batch) that
         # makes all processes' rows together a multiple of row_multiple.
         total, processes = self.row_multiple(), jax.process_count()

@@ -10,7 +10,7 @@ A run starts, in this order of preference, from (1) the newest readable checkpoi
 ``run_dir`` (an exact resume), (2) the newest checkpoint of the run in ``init_from`` (the
 previous stage of a staged recipe: params, and the optimizer state unless
 ``reset_optimizer``; the step count continues), (3) the Hugging Face checkpoint
-``model.path``.
+``model.path``, its weights loaded in the dtype of ``precision.params`` (the master weights).
 """
 from __future__ import annotations
 
@@ -26,7 +26,13 @@ from rstar2_jax.config import config_to_dict
 from rstar2_jax.model import ModelConfig, load_hf
 from rstar2_jax.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.checkpoint import Checkpointer
-from rstar2_jax.train.configs import CheckpointConfig, MeshConfig, ModelSource, OptimizerConfig
+from rstar2_jax.train.configs import (
+    CheckpointConfig,
+    MeshConfig,
+    ModelSource,
+    OptimizerConfig,
+    PrecisionConfig,
+)
 from rstar2_jax.train.metrics import MetricsLogger
 from rstar2_jax.train.optim import make_optimizer
 from rstar2_jax.train.step import TrainState, init_train_state
@@ -37,11 +43,15 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class Run:
     """A started run. ``state``, ``rng`` and ``data_position`` are where the loop continues from;
-    steps ``start_step + 1 .. end_step`` are this run's (``step`` is the last one done)."""
+    steps ``start_step + 1 .. end_step`` are this run's (``step`` is the last one done).
+    ``model_config`` describes the params as stored (their dtype: the master weights'; what
+    checkpoints and exports record); ``compute_config`` is the same model as the loss and the
+    sampler run it (the precision policy's compute dtype and matmul precision)."""
 
     run_dir: Path
     mesh: jax.sharding.Mesh
     model_config: ModelConfig
+    compute_config: ModelConfig
     param_specs: Any
     optimizer: optax.GradientTransformation
     state: TrainState
@@ -80,7 +90,8 @@ class Run:
 def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerConfig,
               total_steps: int, job_config: Any, seed: int = 0, mesh: MeshConfig = MeshConfig(),
               checkpoint: CheckpointConfig = CheckpointConfig(), init_from: str | None = None,
-              reset_optimizer: bool = False, progress: bool = True) -> Run:
+              reset_optimizer: bool = False, precision: PrecisionConfig = PrecisionConfig(),
+              progress: bool = True) -> Run:
     """Builds the mesh, the sharded train state and the logger, resuming when possible.
 
     Args:
@@ -92,7 +103,7 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     run_dir = Path(run_dir)
     job_dict = config_to_dict(job_config)
     mesh_ = make_mesh(mesh.fsdp, mesh.tp)
-    model_config, params = load_hf(model.path)
+    model_config, params = load_hf(model.path, dtype=precision.params)
     specs = param_specs(model_config, mesh_)
     opt = make_optimizer(optimizer, total_steps)
     state = init_train_state(shard_params(params, model_config, mesh_), opt, mesh=mesh_,
@@ -125,8 +136,9 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     if jax.process_index() == 0:
         logger = MetricsLogger(run_dir, start_step=int(state.step),
                                total_steps=start_step + total_steps, progress=progress)
-    return Run(run_dir, mesh_, model_config, specs, opt, state, rng, data_position, start_step,
-               start_step + total_steps, checkpointer, logger, job_dict)
+    return Run(run_dir, mesh_, model_config, precision.compute_config(model_config), specs, opt,
+               state, rng, data_position, start_step, start_step + total_steps, checkpointer,
+               logger, job_dict)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:

@@ -34,21 +34,26 @@ PRESETS = {
     "qwen3-1.7b": ModelConfig(**_QWEN3 | {"vocab_size": 151936}, hidden_size=2048,
                               intermediate_size=6144, num_layers=28, num_heads=16,
                               num_kv_heads=8, head_dim=128, tie_embeddings=True),
+    "qwen3-0.6b": ModelConfig(**_QWEN3, hidden_size=1024, intermediate_size=3072, num_layers=28,
+                              num_heads=16, num_kv_heads=8, head_dim=128, tie_embeddings=True),
 }
 
 
 @dataclass(frozen=True)
 class ScalePlanConfig:
     """One micro-batch of ``rows_per_device * fsdp`` rollouts of ``seq_len`` tokens per
-    forward/backward (the paper: prompts up to 2K + responses up to 12K tokens)."""
+    forward/backward (the paper: prompts up to 2K + responses up to 12K tokens), computed in
+    bfloat16 with master weights and AdamW moments in ``params`` (the training default,
+    float32; see `rstar2_jax.train.configs.PrecisionConfig`)."""
 
-    model: Literal["qwen3-14b", "qwen3-8b", "qwen3-1.7b"] = "qwen3-14b"
+    model: Literal["qwen3-14b", "qwen3-8b", "qwen3-1.7b", "qwen3-0.6b"] = "qwen3-14b"
     devices: int = 64
     tp: int = 1
     rows_per_device: int = 1
     seq_len: int = 14336
     remat: bool = True
     logprob_chunk: int = 256
+    params: Literal["float32", "bfloat16"] = "float32"
 
     def __post_init__(self):
         if self.devices < 1 or self.tp < 1 or self.devices % self.tp:
@@ -85,7 +90,8 @@ def plan(config: ScalePlanConfig) -> dict:
     mesh = make_mesh(config.devices // config.tp, config.tp, devices=jax.devices()[:config.devices])
     specs = param_specs(model, mesh)
     optimizer = make_optimizer(OptimizerConfig(), total_steps=100)
-    params = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(config.params)),
+                          jax.eval_shape(functools.partial(init_params, model), jax.random.key(0)))
     shardings = state_shardings(optimizer, params, mesh, specs)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             TrainState(params, jax.eval_shape(optimizer.init, params),
@@ -139,9 +145,9 @@ def format_plan(result: dict) -> str:
         f"mesh {result['mesh']}, {result['tokens_per_micro_batch']} tokens per micro-batch "
         f"({c['rows_per_device']} x {c['seq_len']} per fsdp rank), remat={c['remat']}",
         f"  params     {result['params_bytes_per_device'] / gib:8.2f} GiB/device "
-        f"({result['params_bytes_total'] / gib:.1f} GiB total, bf16)",
+        f"({result['params_bytes_total'] / gib:.1f} GiB total, {c['params']})",
         f"  opt state  {result['opt_state_bytes_per_device'] / gib:8.2f} GiB/device "
-        f"({result['opt_state_bytes_total'] / gib:.1f} GiB total, AdamW moments in bf16)",
+        f"({result['opt_state_bytes_total'] / gib:.1f} GiB total, AdamW moments in {c['params']})",
         f"  temporary  {result['temp_bytes_per_device'] / gib:8.2f} GiB/device "
         "(activations, gradients, all-gathered weights; XLA CPU buffer assignment)",
         f"  peak est.  {(result['params_bytes_per_device'] + result['opt_state_bytes_per_device'] + result['temp_bytes_per_device']) / gib:8.2f} GiB/device",

@@ -58,14 +58,16 @@ def sft_loss(params: dict, batch: dict, *, model_config: ModelConfig, remat: boo
              token_weights: jax.Array | None = None):
     """``(loss_sum, token_count, {})`` of next-token prediction at loss-mask positions.
 
-    batch: tokens, attention_mask, loss_mask, each [rows, seq]. Position t predicts token t + 1,
+    batch: tokens, attention_mask, loss_mask, each [rows, seq], right-padded (`pad_batch`): the
+    model attends by row lengths (`token_logprobs`' fused path). Position t predicts token t + 1,
     which counts when loss_mask[t + 1] is 1. ``token_weights`` (float32 [vocab], default all 1)
     weighs each target by its token id; ``token_count`` is then the sum of the weights.
     """
     tokens = batch["tokens"]
     targets = tokens[:, 1:]
-    logp = token_logprobs(params, model_config, tokens[:, :-1], targets,
-                          batch["attention_mask"][:, :-1], remat=remat)
+    lengths = jnp.sum(batch["attention_mask"][:, :-1], axis=1, dtype=jnp.int32)
+    logp = token_logprobs(params, model_config, tokens[:, :-1], targets, lengths=lengths,
+                          remat=remat)
     mask = batch["loss_mask"][:, 1:].astype(bool)
     weight = jnp.ones(targets.shape, jnp.float32) if token_weights is None else token_weights[targets]
     weight = jnp.where(mask, weight, 0.0)
@@ -95,7 +97,8 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
                         f"batch_size={config.batch_size}")
     run = start_run(run_dir=config.run_dir, model=config.model, optimizer=config.optimizer,
                     total_steps=config.epochs * steps_per_epoch, job_config=config, seed=config.seed,
-                    mesh=config.mesh, checkpoint=config.checkpoint, progress=progress)
+                    mesh=config.mesh, checkpoint=config.checkpoint, precision=config.precision,
+                    progress=progress)
     micro_batch_size = config.micro_batch_size or config.batch_size
     fsdp = run.mesh.shape["fsdp"]
     if micro_batch_size % fsdp:
@@ -104,7 +107,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     weights = None if config.digit_loss_weight == 1.0 else jnp.asarray(
         digit_weights(tokenizer, config.digit_loss_weight))
-    loss = functools.partial(sft_loss, model_config=run.model_config, remat=config.remat,
+    loss = functools.partial(sft_loss, model_config=run.compute_config, remat=config.remat,
                              token_weights=weights)
     train_step = make_train_step(loss, run.optimizer,
                                  micro_batches=config.batch_size // micro_batch_size,
