@@ -75,7 +75,7 @@ def test_a_program_printing_markup_does_not_open_a_turn(tokenizer):
     program = "a = '<|im'\nprint(" + repr(INJECTION.strip()).replace("<|im", "' + a + '") + ")"
     config, params, forward, markers = make_policy(
         tokenizer, [[chat.format_tool_call(program), "</reason><answer>\\boxed{42}</answer>"]])
-    with SandboxPool(num_workers=1, timeout_s=5.0) as pool:
+    with SandboxPool(num_workers=1, timeout_s=30.0) as pool:
         sampler = AgentSampler(config, tokenizer, pool, RolloutSettings(num_slots=1, chunk=8),
                                RolloutLimits(max_turns=3, max_response_tokens=400, max_prompt_tokens=200),
                                SamplingParams(temperature=1.0), forward_fn=forward)

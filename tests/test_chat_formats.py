@@ -115,7 +115,7 @@ def test_the_sampler_runs_the_released_format(tokenizer):
     call = fmt.tool_call_text(fmt.tool_name, {"code": "print('x' * 300 + 'END')", "input": ""})
     config, params, forward, markers = make_policy(tokenizer, [["Go." + call, "<answer>\\boxed{1}</answer>"]])
     prompt = [markers[0]] + chat.encode_prompt(tokenizer, QUESTION, fmt)
-    with SandboxPool(num_workers=1, timeout_s=5.0) as pool:
+    with SandboxPool(num_workers=1, timeout_s=30.0) as pool:
         sampler = AgentSampler(config, tokenizer, pool, RolloutSettings(num_slots=1, chunk=8),
                                RolloutLimits(max_turns=3, max_response_tokens=600, max_prompt_tokens=600),
                                SamplingParams(temperature=1.0), forward_fn=forward, fmt=fmt)

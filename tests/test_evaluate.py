@@ -58,7 +58,7 @@ def test_evaluate_scores_every_sample(tmp_path):
             return super().rollout(params, marked, samples_per_prompt, on_finish, seed,
                                    first_sequence)
 
-    with SandboxPool(num_workers=1, timeout_s=2.0) as pool, VerifierPool(num_workers=1) as verifier:
+    with SandboxPool(num_workers=1, timeout_s=30.0) as pool, VerifierPool(num_workers=1, timeout_s=30.0) as verifier:
         sampler = MarkedSampler(config, tokenizer, pool,
                                 RolloutSettings(num_slots=4, chunk=16),
                                 RolloutLimits(max_turns=10, max_response_tokens=300,

@@ -7,7 +7,7 @@ from rstar2_jax.sampler import RolloutLimits, RolloutSettings, SamplingParams
 from rstar2_jax.train.configs import ModelSource, RLJobConfig, StageConfig
 from rstar2_jax.train.rl import run_rl
 
-SETTINGS = RolloutSettings(num_slots=2, sandbox_workers=1, tool_timeout_s=2.0)
+SETTINGS = RolloutSettings(num_slots=2, sandbox_workers=1, tool_timeout_s=30.0, verifier_timeout_s=30.0)
 MODEL = ModelConfig(model_type="qwen3", vocab_size=16, hidden_size=8, intermediate_size=8,
                     num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8)
 LIMITS = RolloutLimits(max_turns=2, max_response_tokens=32, max_prompt_tokens=16)

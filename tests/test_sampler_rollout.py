@@ -4,6 +4,7 @@ chat format -- is the real code.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -25,10 +26,23 @@ def tokenizer():
     return build_tokenizer(corpus * 20, vocab_size=400)
 
 
+class _ByIntent:
+    """The executor of these tests: the call written to time out runs with a 1 s deadline, every
+    other call with one that no load on the machine reaches (the 0.8 s call must succeed)."""
+
+    TIMES_OUT = "time.sleep(30)"
+
+    def __init__(self, short, patient):
+        self.short, self.patient = short, patient
+
+    def submit(self, code, stdin=""):
+        return (self.short if self.TIMES_OUT in code else self.patient).submit(code, stdin)
+
+
 @pytest.fixture(scope="module")
 def pool():
-    with SandboxPool(num_workers=2, timeout_s=1.0) as p:
-        yield p
+    with SandboxPool(num_workers=1, timeout_s=1.0) as short, SandboxPool(num_workers=2, timeout_s=60.0) as patient:
+        yield _ByIntent(short, patient)
 
 
 def call(code: str) -> str:
@@ -139,27 +153,52 @@ def test_budget_ends_the_trajectory_cleanly(tokenizer, pool):
 
 
 class SpyExecutor:
-    """Records when each call is submitted and when it completes."""
+    """Records when each call is submitted and when it completes.
+
+    After ``hold_slow(n)``, the slow call (the one that sleeps) starts only once ``n`` other
+    calls have been submitted, or after HOLD_LIMIT_S: the rows it parks must not wait for it, and
+    whether they did shows however slowly a loaded machine runs them (a 0.8 s call alone was a
+    deadline that load reached)."""
+
+    HOLD_LIMIT_S = 60.0
 
     def __init__(self, pool):
         self.pool = pool
         self.events = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+        self.hold_for = self.others = 0
+
+    def hold_slow(self, others: int) -> None:
+        with self.lock:
+            self.events.clear()
+            self.hold_for, self.others = others, 0
 
     def submit(self, code, stdin=""):
         with self.lock:
             self.events.append(("submit", code, time.perf_counter()))
-        future = self.pool.submit(code, stdin)
+        if "sleep" in code and self.hold_for:
+            future = concurrent.futures.Future()
+            threading.Thread(target=self._start_when_released, args=(code, stdin, future), daemon=True).start()
+        else:
+            future = self.pool.submit(code, stdin)
+            with self.lock:
+                self.others += 1
+                self.lock.notify_all()
         future.add_done_callback(
             lambda f, code=code: self.events.append(("done", code, time.perf_counter())))
         return future
+
+    def _start_when_released(self, code, stdin, future):
+        with self.lock:
+            self.lock.wait_for(lambda: self.others >= self.hold_for, timeout=self.HOLD_LIMIT_S)
+        future.set_result(self.pool.submit(code, stdin).result())
 
 
 def test_rows_pause_and_resume_independently_and_slots_refill(tokenizer, pool):
     spy = SpyExecutor(pool)
     sampler, params, markers = make_sampler(tokenizer, spy, num_slots=2)
     sampler.rollout(params, prompts_for(tokenizer, markers, [4, 5, 5]))  # compile everything
-    spy.events.clear()
+    spy.hold_slow(6)
     # Two slots: the slow call parks one row while the six fast trajectories flow through the
     # other slot one after another.
     trajs, stats = sampler.rollout(params, prompts_for(tokenizer, markers, [4] + [5] * 6))
@@ -179,7 +218,7 @@ def test_a_row_waiting_on_its_tool_gives_its_slot_to_another_row(tokenizer, pool
     sampler, params, markers = make_sampler(tokenizer, spy, num_slots=1,
                                             settings=dict(num_rows=2))
     sampler.rollout(params, prompts_for(tokenizer, markers, [4, 5]))  # compile everything
-    spy.events.clear()
+    spy.hold_slow(6)
     trajs, _ = sampler.rollout(params, prompts_for(tokenizer, markers, [4] + [5] * 6))
     assert [t.finish_reason for t in trajs] == ["answer"] * 7
     slow_done = next(t for kind, code, t in spy.events if kind == "done" and "sleep" in code)

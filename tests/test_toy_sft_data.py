@@ -21,7 +21,7 @@ ALL_STYLES_MIX = sft_data.DemoMix(tool=0.25, first_call_error=0.6, no_tool=0.15)
 
 @pytest.fixture(scope="module")
 def pool():
-    with SandboxPool(num_workers=2) as p:
+    with SandboxPool(num_workers=2, timeout_s=30.0) as p:
         yield p
 
 

@@ -137,7 +137,7 @@ def test_a_share_of_the_questions_draws_what_it_draws_in_the_whole_step(sft_mode
     config, params = load_hf(d / "sft_model")
     tokenizer = open_tokenizer(d / "sft_model", d / "sft_model", TOY_FORMAT)
     prompts = [chat.encode_prompt(tokenizer, p.question, TOY_FORMAT) for p in PROBLEMS[:4]]
-    with SandboxPool(num_workers=1, timeout_s=2.0) as pool:
+    with SandboxPool(num_workers=1, timeout_s=30.0) as pool:
         sampler = AgentSampler(config, tokenizer, pool,
                                RolloutSettings(num_slots=8, chunk=16, show_tool_time=False),
                                RolloutLimits(max_turns=2, max_response_tokens=64, max_prompt_tokens=128),

@@ -11,6 +11,11 @@ import math
 import os
 
 ISOLATION_LEVELS = ("namespaces", "uid", "none")
+# The template waits with poll(), whose timeout is milliseconds in a C int (24.8 days); no tool
+# call needs a day.
+MAX_TIMEOUT_S = 24 * 3600.0
+# Limits become rlimits and cgroup values: 64-bit integers in the kernel.
+_MAX_LIMIT = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +56,15 @@ class SandboxConfig:
     isolation: str = "auto"
 
     def __post_init__(self):
-        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
-        for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files",
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
+            raise ValueError(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {self.timeout_s!r}")
+        for name in ("cpu_s", "memory_bytes", "max_processes", "max_file_bytes", "max_open_files",
                      "output_limit_bytes", "scratch_bytes", "slots_per_worker"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if name == "cpu_s" and value is None:
+                continue
+            if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_LIMIT):
+                raise ValueError(f"{name} must be a positive integer up to 2**62, got {value!r}")
         if self.max_open_files < 16:
             raise ValueError("max_open_files below 16 breaks numpy/sympy imports")
         if self.isolation not in ("auto",) + ISOLATION_LEVELS:

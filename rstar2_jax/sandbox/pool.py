@@ -109,6 +109,9 @@ class SandboxPool:
         slots_per_worker, isolation, ...).
 
     Every submitted call resolves to exactly one ``ExecResult``, whatever the code does.
+    Futures are resolved, and so their done-callbacks run, on the pool's reader thread: a
+    callback may ``submit`` or ``close``, but waiting there (``run``, ``run_batch``) could never
+    end and raises RuntimeError; keep callbacks short, since results wait while one runs.
     """
 
     def __init__(self, num_workers: int | None = None, timeout_s: float = 4.0, **limits):
@@ -122,6 +125,7 @@ class SandboxPool:
         # Built once: a replacement template starts exactly like the first ones.
         self._env = template_environment()
         self.memory_limit: str | None = None
+        self.cpu_limit: str | None = None
         self._lock = threading.Condition()
         self._queue: collections.deque[_Pending] = collections.deque()
         self._ids = itertools.count()
@@ -160,10 +164,13 @@ class SandboxPool:
         return future
 
     def run(self, code: str, stdin: str = "") -> ExecResult:
-        return self.submit(code, stdin).result()
+        return self.run_batch([(code, stdin)])[0]
 
     def run_batch(self, calls: Sequence[Call]) -> list[ExecResult]:
         """Run all calls concurrently; results in submission order."""
+        if threading.current_thread() is self._reader:
+            raise RuntimeError("run()/run_batch() from a done-callback of this pool's futures would wait for "
+                               "the thread that runs the callback; use submit() there")
         futures = [self.submit(*as_code_and_stdin(c)) for c in calls]
         return [f.result() for f in futures]
 
@@ -181,14 +188,14 @@ class SandboxPool:
 
     def health(self) -> dict:
         """Liveness: live templates and their pids, isolation level, how a call's memory is
-        bounded ("cgroup v1", "cgroup v2" or "rlimit"), the uids calls run as, queued and
-        in-flight calls."""
+        bounded ("cgroup v1", "cgroup v2" or "rlimit") and its CPU ("cgroup v1", "cgroup v2"
+        or "none"), the uids calls run as, queued and in-flight calls."""
         with self._lock:
             live = [w for w in self._workers if w.ready and not w.dead]
             return {"healthy": len(live) == self.num_workers and not self._closing,
                     "workers": self.num_workers, "live_workers": len(live),
                     "template_pids": [w.pid for w in live], "isolation": self.level,
-                    "memory_limit": self.memory_limit,
+                    "memory_limit": self.memory_limit, "cpu_limit": self.cpu_limit,
                     "slot_uids": (self._uid_base, self._uid_base + self.num_workers * self.config.slots_per_worker - 1),
                     "queued": len(self._queue),
                     "in_flight": sum(len(w.inflight) for w in self._workers)}
@@ -217,7 +224,8 @@ class SandboxPool:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
-        self._reader.join(timeout=30)
+        if threading.current_thread() is not self._reader:  # close() from a done-callback
+            self._reader.join(timeout=30)
         for w in self._workers:
             self._fail_inflight(w, "pool closed")
             w.conn_in.close()
@@ -290,13 +298,13 @@ class SandboxPool:
         elif op == "ready":
             with self._lock:
                 worker.ready, worker.pid = True, message["pid"]
+                bounds = (message["level"], message["memory"], message["cpu"])
                 if self.level is None:
-                    self.level, self.memory_limit = message["level"], message["memory"]
-                elif (message["level"], message["memory"]) != (self.level, self.memory_limit):
+                    self.level, self.memory_limit, self.cpu_limit = bounds
+                elif bounds != (self.level, self.memory_limit, self.cpu_limit):
                     # Isolation must not silently weaken when a template is replaced.
-                    self._startup_error = (f"template started with isolation {message['level']!r} and memory "
-                                           f"limit {message['memory']!r}; the pool has {self.level!r} and "
-                                           f"{self.memory_limit!r}")
+                    self._startup_error = (f"template started with isolation, memory and CPU bounds {bounds}; "
+                                           f"the pool has {(self.level, self.memory_limit, self.cpu_limit)}")
                     worker.proc.kill()
                 self._lock.notify_all()
         elif op == "fatal":

@@ -131,9 +131,11 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
     try:
         containment.prctl(containment.PR_SET_PDEATHSIG, 9)
         os.setsid()
-        if spec.cgroup_procs is not None:
-            # First, so that everything the call allocates, in any process, is charged to its slot.
-            os.write(spec.cgroup_procs[slot], b"0")
+        # First, so that everything the call allocates or runs, in any process, is charged to its slot.
+        for procs_fd in spec.cgroup_procs[slot]:
+            os.write(procs_fd, b"0")
+        if level == "namespaces":
+            containment.setns(spec.netns_fds[slot], containment.CLONE_NEWNET)
         code = _read_all(code_fd).decode("utf-8", errors="surrogatepass")
         for src, dst in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2), (ready_fd, 3)):
             os.dup2(src, dst)

@@ -3,7 +3,7 @@ of one worker of the pool.
 
 Started by the pool as ``python -P -m rstar2_jax.sandbox.template <in_fd> <out_fd> <worker>
 <uid_base> <config-json>`` with an environment built from scratch (``pool``). It imports and
-exercises the usual math modules once, sets up its containment (memory cgroups, namespaces, the
+exercises the usual math modules once, sets up its containment (cgroups, namespaces, the
 minimal root), then forks the zygote (``zygote``): a warm copy that has seen no call, from which
 every call is forked (~3 ms instead of ~0.4 s for a fresh interpreter that imports numpy and
 sympy). The template itself never forks a call, so nothing it holds is in any call's memory.
@@ -15,7 +15,7 @@ on pipe EOF: a grandchild holding stdout open cannot stall it.
 
 Channel protocol (length-prefixed JSON via ``multiprocess.connection``; nothing is pickled):
   pool -> template: {"op": "run", "id": int, "code": str, "stdin": str} | {"op": "shutdown"}
-  template -> pool: {"op": "ready", "level": str, "memory": str, "pid": int}
+  template -> pool: {"op": "ready", "level": str, "memory": str, "cpu": str, "pid": int}
                     | {"op": "result", "id": int, "result": ExecResult.to_dict()}
                     | {"op": "fatal", "error": str}
 """
@@ -119,9 +119,9 @@ class _Call:
 
 class Template:
     def __init__(self, conn_in: Connection, conn_out: Connection, spec: zygote.CallSpec,
-                 memory: SlotCgroups | None):
+                 cgroups: SlotCgroups):
         self.conn_in, self.conn_out = conn_in, conn_out
-        self.spec, self.config, self.level, self.memory = spec, spec.config, spec.level, memory
+        self.spec, self.config, self.level, self.cgroups = spec, spec.config, spec.level, cgroups
         self.free_slots = list(range(self.config.slots_per_worker))
         self.pending: collections.deque[dict] = collections.deque()
         self.calls: dict[int, _Call] = {}  # by call id
@@ -162,7 +162,7 @@ class Template:
                 os.mkdir(scratch, 0o700)
                 if self.level == "uid":
                     os.chown(scratch, self.spec.uids[slot], self.spec.uids[slot])
-            oom_kills = self.memory.oom_kills(slot) if self.memory is not None else 0
+            oom_kills = self.cgroups.oom_kills(slot)
             message = {"id": request["id"], "slot": slot, "scratch": scratch}
             socket.send_fds(self.zygote, [json.dumps(message).encode()], opened[:5])
         except OSError as exc:
@@ -270,7 +270,7 @@ class Template:
             ready = os.read(call.ready_fd, len(runner.READY))
         except BlockingIOError:
             ready = b""
-        oom = self.memory is not None and self.memory.oom_kills(call.slot) > call.oom_kills
+        oom = self.cgroups.oom_kills(call.slot) > call.oom_kills
         self.release(call)
         self.send_result(call.id, self.classify(call, wait_status, ready == runner.READY, oom, wall, cpu))
 
@@ -336,8 +336,7 @@ class Template:
             os.waitpid(self.zygote_pid, 0)
             if self.scratch_root is not None:
                 shutil.rmtree(self.scratch_root, ignore_errors=True)
-            if self.memory is not None:
-                self.memory.remove()
+            self.cgroups.remove()
 
     def turn(self) -> None:
         starting = sum(c.pidfd is None for c in self.calls.values())
@@ -364,32 +363,33 @@ class Template:
                 self.kill(call, "timeout")
 
 
-def _enter_namespaces(paths: list[str]) -> int:
-    """``namespaces`` level: private network and mount namespaces, the minimal root, and a check
-    that per-call PID namespaces work. Returns a descriptor of this PID namespace. Raises OSError
-    when the kernel refuses."""
+def _enter_namespaces(paths: list[str], slots: int) -> tuple[int, tuple[int, ...]]:
+    """``namespaces`` level: private network and mount namespaces, a network namespace per slot,
+    the minimal root, and a check that per-call PID namespaces work. Returns descriptors of this
+    PID namespace and of the slots' network namespaces. Raises OSError when the kernel refuses."""
     pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     containment.unshare(containment.CLONE_NEWNS | containment.CLONE_NEWNET)
+    slot_netns = tuple(containment.new_network_namespace() for _ in range(slots))
     containment.probe_pid_namespace(pidns)
     filesystem.enter_minimal_root(paths)
-    return pidns
+    return pidns, slot_netns
 
 
-def choose_level(requested: str, paths: list[str]) -> tuple[str, int | None]:
+def choose_level(requested: str, paths: list[str], slots: int) -> tuple[str, int | None, tuple[int, ...]]:
     """Set up the strongest isolation allowed (or the requested one) for a call's view of
     ``paths`` (the installation); return its name and, at the ``namespaces`` level, the
-    descriptor of this PID namespace."""
+    descriptors of this PID namespace and of the ``slots`` network namespaces."""
     if requested in ("auto", "namespaces"):
         try:
-            return "namespaces", _enter_namespaces(paths)
+            return "namespaces", *_enter_namespaces(paths, slots)
         except OSError:
             if requested == "namespaces":
                 raise
     if requested in ("auto", "uid") and os.geteuid() == 0:
-        return "uid", None
+        return "uid", None, ()
     if requested == "uid":
         raise PermissionError("isolation='uid' needs root to switch to slot uids")
-    return "none", None
+    return "none", None, ()
 
 
 def main(argv: list[str]) -> None:
@@ -407,20 +407,20 @@ def main(argv: list[str]) -> None:
             # data and checkpoints).
             paths = filesystem.installation_paths(hidden=os.path.dirname(os.path.dirname(rstar2_jax.__file__)))
         # Cgroups first: their filesystem is not part of the minimal root.
-        memory = SlotCgroups.create(config.slots_per_worker, config.memory_bytes)
-        level, pidns = choose_level(config.isolation, paths)
+        cgroups = SlotCgroups.create(config.slots_per_worker, config.memory_bytes)
+        level, pidns, slot_netns = choose_level(config.isolation, paths, config.slots_per_worker)
         uids = tuple(uid_base + worker * config.slots_per_worker + s for s in range(config.slots_per_worker))
         spec = zygote.CallSpec(
             config=config, level=level, uids=uids,
-            cgroup_procs=tuple(memory.procs_fds) if memory is not None else None,
+            cgroup_procs=tuple(cgroups.procs_fds),
             rebind=tuple(filesystem.paths_under_scratch(paths)) if level == "namespaces" else (),
-            seccomp_filter=seccomp.call_filter(), pidns_fd=pidns)
-        template = Template(conn_in, conn_out, spec, memory)
+            seccomp_filter=seccomp.call_filter(), pidns_fd=pidns, netns_fds=slot_netns)
+        template = Template(conn_in, conn_out, spec, cgroups)
     except BaseException as exc:
         conn_out.send_bytes(json.dumps({"op": "fatal", "error": repr(exc)}).encode())
         raise
-    template.send({"op": "ready", "level": level, "memory": memory.kind if memory is not None else "rlimit",
-                   "pid": os.getpid()})
+    template.send({"op": "ready", "level": level, "memory": cgroups.kind("memory") or "rlimit",
+                   "cpu": cgroups.kind("cpu") or "none", "pid": os.getpid()})
     template.serve()
 
 

@@ -38,20 +38,22 @@ class CallSpec:
 
     Attributes:
       uids: the slot uids, by slot.
-      cgroup_procs: per slot, a descriptor of its memory cgroup's ``cgroup.procs``; None
-        where the template has no memory cgroups.
+      cgroup_procs: per slot, a descriptor of ``cgroup.procs`` of each of its cgroups (one per
+        hierarchy; none where the template may not create cgroups).
       rebind: installation paths under the scratch mount point, bound back per call.
       seccomp_filter: the BPF program of ``seccomp.call_filter``; None on other architectures.
       pidns_fd: descriptor of the zygote's own PID namespace (``namespaces`` level).
+      netns_fds: per slot, a descriptor of its network namespace (``namespaces`` level).
     """
 
     config: SandboxConfig
     level: str
     uids: tuple[int, ...]
-    cgroup_procs: tuple[int, ...] | None
+    cgroup_procs: tuple[tuple[int, ...], ...]
     rebind: tuple[str, ...]
     seccomp_filter: bytes | None
     pidns_fd: int | None
+    netns_fds: tuple[int, ...]
 
 
 def receive(sock: socket.socket, max_fds: int, flags: int = 0) -> tuple[bytes, list[int]]:
