@@ -118,7 +118,8 @@ def test_normalize_answer(raw, normal):
 
 @pytest.mark.parametrize(
     "text",
-    ["5^{5^{5^{5}}}", "10^{10^{10}}", "100000!", "(10^{10})!", "9" * 70_000],
+    ["5^{5^{5^{5}}}", "10^{10^{10}}", "100000!", "(10^{10})!", "9" * 70_000,
+     "(1+\\sqrt{2})^{199999}", "(\\sqrt{2}-3)^{150000}"],
     ids=lambda text: text[:20],
 )
 def test_huge_values_are_refused_not_computed(text):

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rstar2_jax.rewards import answer_matches, extract_boxes, is_equivalent, score
+from rstar2_jax.rewards.normalize import normalize_answer
 
 GOLDS = ["5", "1, 2", "(1, 2)", "\\pm 3", "a = 2, b = 3", "x+5", "[0, 1)", "\\frac{1}{2}"]
 FRAGMENTS = [
@@ -135,3 +136,51 @@ def test_power_towers_are_never_five(bases, context):
 )
 def test_long_responses_are_read(response, reward):
     assert score(response, "5") == reward
+
+
+# Spacing a policy may put anywhere, in any amount: whitespace and TeX's spacing commands.
+SPACINGS = [" ", "\t", "\n", "\\,", "\\;", "\\:", "\\!", "\\ ", "~", "\\quad", "\\qquad", "\\enspace"]
+MIXED = "".join(SPACINGS)
+# An answer with gaps `{s}`, the reference, and whether the answer states it (by arithmetic:
+# spacing never changes a value).
+GAPPED = [
+    ("1{s}and{s}2", "1, 2", True),  # the list-word pattern: 2,000 spaces took > 30 s (cubic)
+    ("1{s}or{s}3", "1, 2", False),
+    ("1{s},{s}2", "\\{1, 2\\}", True),
+    ("x{s}={s}5", "5", True),
+    ("x{s}={s}6{s}={s}5", "5", False),
+    ("10{s}cm", "10", True),
+    ("90^{s}{{s}\\circ{s}}", "90", True),
+    ("25{s}\\%", "25", True),
+    ("\\frac{s}{1}{s}{2}{s}", "0.5", True),
+    ("\\text{s}{{s}7{s}}", "7", True),
+    ("1{s}000", "1000", True),
+]
+HUGE_GAP_CHARS = 300_000
+
+
+def _gap(spacing: str) -> str:
+    # Ends with a space: `\\quadand` would be one (unknown) command, as TeX reads it.
+    return spacing * (HUGE_GAP_CHARS // len(spacing)) + " "
+
+
+# A superlinear pattern would need hours on a gap of 3 x 10^5 characters; linear reading takes well
+# under a second. The time limit only stops a regression (the thread method: a regular expression
+# running in C never sees pytest-timeout's signal); no load gets near it.
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("spacing", SPACINGS + [MIXED], ids=repr)
+def test_any_amount_of_any_spacing_is_read_in_linear_time(spacing):
+    """`1` + 2,000 spaces + `2` (no list word to end the run) took > 30 s; `\\,` too."""
+    for template, gold in (("1{s}000", "1000"), ("1{s}and{s}2", "1, 2")):
+        answer = template.replace("{s}", _gap(spacing))
+        assert normalize_answer(answer) == normalize_answer(template.replace("{s}", " "))
+        assert is_equivalent(answer, gold) is True
+        assert score(f"<answer>\\boxed{{{answer}}}</answer>", gold) == 1.0
+
+
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("template, gold, states", GAPPED, ids=lambda value: repr(value)[:24])
+def test_any_amount_of_spacing_anywhere_is_read_in_linear_time(template, gold, states):
+    answer = template.replace("{s}", _gap(MIXED))
+    assert normalize_answer(answer) == normalize_answer(template.replace("{s}", " "))
+    assert score(f"<answer>\\boxed{{{answer}}}</answer>", gold) == float(states)

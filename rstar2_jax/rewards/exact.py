@@ -34,6 +34,8 @@ _TOKEN = re.compile(
 )
 # Decimal digits per bit: a number of `d` digits has about `d / _DIGITS_PER_BIT` bits.
 _DIGITS_PER_BIT = math.log10(2)
+# Precision of the numerical comparison that tells different values apart (`same_value`).
+_DIGITS = 50
 
 
 class NotExact(ValueError):
@@ -71,12 +73,19 @@ class ExactAnswer:
 
 def same_value(a: sympy.Expr, b: sympy.Expr) -> bool:
     """True only if `a == b` exactly: rationals compare as rationals, other constants must be
-    proven equal by sympy (an undecided comparison counts as different)."""
+    proven equal by sympy (an undecided comparison counts as different).
+
+    Values that differ numerically are different, which settles almost every comparison at
+    once: sympy's proof expands powers (`(1+\\sqrt{2})^{10000}` against 5 took 12 s). A
+    numerical difference only ever makes the answer wrong, never right."""
     if a == b:
         return True
     if a.is_Rational and b.is_Rational:
         return False
     if not (a.is_finite and b.is_finite):
+        return False
+    difference, scale = (a - b).evalf(_DIGITS), abs(a.evalf(_DIGITS)) + abs(b.evalf(_DIGITS)) + 1
+    if difference.is_comparable and abs(difference) > scale * sympy.Float(10) ** (10 - _DIGITS):
         return False
     return (a - b).equals(0) is True
 
@@ -111,11 +120,27 @@ def _number(token: str) -> sympy.Rational:
     return sympy.Rational(numerator, denominator)
 
 
+def _log2_size(value: sympy.Expr) -> float:
+    """An upper bound on log2 of the integers in the exact expansion of `value`, per unit of
+    an exponent it is raised to: `(1+\\sqrt{2})^n` expands to `a + b\\sqrt{2}` with `a` and `b`
+    about `(1+\\sqrt{2})^n`, so a sum counts the sizes of all its terms, whatever their signs."""
+    if value.is_Rational:
+        return math.log2(max(abs(value.p), value.q, 2))
+    if value.is_Add:
+        return max(_log2_size(term) for term in value.args) + math.log2(len(value.args))
+    if value.is_Mul:
+        return sum(_log2_size(factor) for factor in value.args)
+    if value.is_Pow and value.exp.is_Rational:
+        return _log2_size(value.base) * abs(float(value.exp))
+    return 2.0  # pi: below 4
+
+
 def _power(base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
     """`base ** exponent`, refusing results beyond `_MAX_BITS` before computing them."""
     if exponent.is_Rational and base.is_number and base not in (0, 1, -1):
         # |base^(p/q)| has at most |p| * bits(base) bits; integer arithmetic, so no overflow.
-        base_bits = _bits(base) if base.is_Rational else 1
+        # An irrational base counts the integers its power expands to (at least a bit each).
+        base_bits = _bits(base) if base.is_Rational else max(1, math.ceil(_log2_size(base)))
         if abs(exponent.p) * base_bits > _MAX_BITS:
             raise TooLarge("power too large to evaluate")
     return _defined(sympy.Pow(base, exponent))

@@ -8,15 +8,28 @@ units, degree and percent signs, and a leading `x =`. Lists are written one way:
 
 Percent signs are dropped rather than divided by 100 because "what percent ..." problems state
 the gold answer as the number of percent (MATH convention): `25\\%` answers gold `25`.
+
+The text is the policy's, so every pattern here runs in time linear in its length: `tidy` first
+makes each run of spacing (spaces, tabs, `\\,`, `\\;`, `\\quad`, `~`, ...) a single space, so
+that no later pattern ever sees a long run of what it may skip (`1` + 2,000 spaces + `2` once
+took more than 30 s in the list-word pattern, which backtracked cubically over the run).
 """
 
 import functools
 import re
 
-# Commands that only change spacing, sizing or style.
+# A run of spacing: whitespace and TeX's spacing commands. The alternatives start differently,
+# so a run is matched in one pass. A line break `\\\\` is taken whole first, so that its second
+# backslash is never read as the start of the control space `\\ `.
+_SPACING_RUN = re.compile(
+    r"(\\\\)|(?:\s|~|\\[,;:! ]|\\(?:q?quad|enspace|thinspace|medspace|thickspace)(?![A-Za-z]))+"
+)
+# `\\begin{...}`/`\\end{...}` (inside them, `\\\\` separates matrix rows) and line breaks.
+_LINE_BREAK_TOKEN = re.compile(r"\\begin(?![A-Za-z])|\\end(?![A-Za-z])|\\\\|\\.", re.DOTALL)
+# Commands that only change sizing or style, and math delimiters.
 _NOISE = re.compile(
     r"\\(?:left|right|big|Big|bigg|Bigg|displaystyle|textstyle|limits)(?![A-Za-z])"
-    r"|\\[,;:! ]|~|\\?\$|\\\(|\\\)|\\\[|\\\]|\*\*"
+    r"|\\?\$|\\\(|\\\)|\\\[|\\\]|\*\*"
 )
 # Wrappers whose argument is kept as plain content; a box inside a box is the same answer.
 _WRAPPER = re.compile(
@@ -28,7 +41,8 @@ _PERCENT = re.compile(r"\\?%")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 # `x = 5`, `n_1 = 5`, `f(3) = 5`, `(x,y) = (1,2)`: keep the value. Only one `=`, so equations
 # stay intact.
-_NAME = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([^()=]*\))?|\([A-Za-z](?:,[A-Za-z])+\))="
+_NAME_ONLY = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([^()=]*\))?|\([A-Za-z](?:,[A-Za-z])+\))"
+_NAME = _NAME_ONLY + "="
 _LEADING_NAME = re.compile(rf"^{_NAME}(?=[^=]+$)")
 _NAMED_PART = re.compile(rf"({_NAME})([^=]+)")
 # `1 or 2`, `1, 2, and 3`, `x=1 \\text{ or } x=2`: a list of answers.
@@ -136,21 +150,49 @@ def answer_parts(normal: str) -> tuple[list[str], str]:
     return split_top_level(normal, ","), ""
 
 
-def normalize_answer(answer: str) -> str:
-    """The canonical form of `answer` (a boxed answer's content); may be the empty string."""
-    text = answer.strip()
+def _collapse_spacing(text: str) -> str:
+    return _SPACING_RUN.sub(lambda m: m.group(1) or " ", text)
+
+
+def tidy(answer: str) -> str:
+    """`answer` with each run of spacing made one space and each line break `\\\\` outside an
+    environment made a comma (`6 \\\\ 5` states two values, as `6, 5` does). Neither changes
+    what the LaTeX means; everything that reads an answer reads this form."""
+    text = _collapse_spacing(answer)
+    out, position, depth = [], 0, 0
+    for match in _LINE_BREAK_TOKEN.finditer(text):
+        token = match.group(0)
+        if token == "\\begin":
+            depth += 1
+        elif token == "\\end":
+            depth = max(depth - 1, 0)
+        elif token == "\\\\" and depth == 0:
+            out.append(text[position : match.start()] + ",")
+            position = match.end()
+    out.append(text[position:])
+    return "".join(out).strip()
+
+
+def _spaced_normal_form(answer: str) -> str:
+    """The normal form before spaces are dropped (which glues `\\sim b` into `\\simb`)."""
+    text = tidy(answer)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = text.replace("{,}", "")  # `1{,}000`: a thousands separator in TeX
     text = _unwrap(text)
     text = _NOISE.sub(" ", text)
+    text = _collapse_spacing(text)  # unwrapping can bring spaces together
     text = _LIST_WORD.sub(",", text)
     text = _DEGREES.sub("", text)
     text = _PERCENT.sub("", text)
     text = text.strip().rstrip(".").strip()
     text = _TRAILING_UNIT.sub("", text)
     text = _BARE_FRAC.sub(r"\\frac{\1}{\2}", text)
-    text = _BARE_SQRT.sub(r"\\sqrt{\1}", text)
-    text = re.sub(r"\s+", "", text)
+    return _BARE_SQRT.sub(r"\\sqrt{\1}", text)
+
+
+def normalize_answer(answer: str) -> str:
+    """The canonical form of `answer` (a boxed answer's content); may be the empty string."""
+    text = re.sub(r"\s+", "", _spaced_normal_form(answer))
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
     # `x=1,x=2`: solutions of one unknown. Different names (`a=2,b=3`) stay: see `named_parts`.
@@ -158,6 +200,28 @@ def normalize_answer(answer: str) -> str:
     if named is not None and len({name for name, _ in named}) == 1:
         return ",".join(value for _, value in named)
     return _LEADING_NAME.sub("", text)
+
+
+# Relations an answer may chain its values with; `\\approx` and the like also mark an approximation.
+_RELATIONS = ("=", "\\approx", "\\simeq", "\\sim", "\\thickapprox", "\\approxeq", "\\doteq", "\u2248", "\u2243")
+_NAME_ALONE = re.compile(_NAME_ONLY)
+
+
+def stated_values(answer: str) -> list[str] | None:
+    """The values an answer written as a relation chain states, without the name it gives them:
+    `x = 6 = 5` -> ["6", "5"], `\\approx 3.14` -> ["3.14"], `\\frac{1}{3} \\approx 0.333` ->
+    ["\\frac{1}{3}", "0.333"], `2x + 3 = y` -> ["2x+3"], `3x + 2y = 12` -> ["3x+2y", "12"] (an
+    equation); None when it has no relation outside brackets."""
+    parts = [_spaced_normal_form(answer)]
+    for relation in _RELATIONS:
+        parts = [piece.strip() for part in parts for piece in split_top_level(part, relation)]
+    if len(parts) == 1:
+        return None
+    if not parts[0] or _NAME_ALONE.fullmatch(parts[0]):
+        return parts[1:]
+    if len(parts) == 2 and _NAME_ALONE.fullmatch(parts[1]):
+        return parts[:1]
+    return parts
 
 
 def _names_and_values(text: str) -> list[tuple[str, str]] | None:

@@ -146,6 +146,10 @@ class VerifierPool:
 
     Workers are spawned, so they re-import the main module: a script that creates a pool needs
     the usual `if __name__ == "__main__":` guard (notebooks and pytest need nothing).
+
+    Futures are resolved, and so their done-callbacks run, on the pool's threads: a callback
+    may `submit` or `close`, but `score_batch` there could wait for its own thread and raises
+    RuntimeError.
     """
 
     def __init__(
@@ -201,6 +205,9 @@ class VerifierPool:
 
     def score_batch(self, items: list[tuple[str, str]]) -> list[float]:
         """Rewards of `(response_text, gold)` pairs, in order."""
+        if threading.current_thread() in self._threads:
+            raise RuntimeError("score_batch() from a done-callback of this pool's futures could wait for the "
+                               "thread that runs the callback; use submit() there")
         futures = [self.submit(response_text, gold) for response_text, gold in items]
         return [future.result() for future in futures]
 
@@ -210,7 +217,8 @@ class VerifierPool:
             return VerifierStats(**{name: self._counts[name] for name in names})
 
     def close(self) -> None:
-        """Finish the calls already submitted, then stop the workers."""
+        """Finish the calls already submitted, then stop the workers. From a done-callback, the
+        calls queued behind the callback's own thread finish after the callback returns."""
         with self._lock:
             if self._closed:
                 return
@@ -218,10 +226,8 @@ class VerifierPool:
             for _ in self._threads:
                 self._jobs.put(None)
         for thread in self._threads:
-            thread.join()
-        for worker in self._workers:
-            if worker is not None:
-                worker.stop()
+            if thread is not threading.current_thread():
+                thread.join()
 
     def __enter__(self) -> "VerifierPool":
         return self
@@ -244,6 +250,8 @@ class VerifierPool:
                     self._worker(slot)
                 except Exception:
                     logger.exception("could not replace verifier worker %d", slot)
+        if self._workers[slot] is not None:  # every job is done: the pool is closing
+            self._workers[slot].stop()
 
     def _score(self, slot: int, response_text: str, gold: str, future) -> None:
         """Read the response, then answer `future` from the cache or by verifying."""

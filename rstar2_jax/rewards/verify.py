@@ -1,21 +1,27 @@
 """Answer equivalence and the binary outcome reward (docs/verifier.md).
 
 The paper's verifier accepts when either a rule-based normaliser or math-verify says equal.
-We keep that union but are stricter where math-verify is known to be wrong:
+We keep that union but are stricter where math-verify is known to be wrong. The rule behind
+each step: no tolerance ever accepts what is not proven equal.
 
 1. equal normal forms (`normalize.py`) -> equal;
-2. a reference giving values to different names (`a=2, b=3`) -> compared name by name, or in
+2. an answer that states several values in a relation chain (`x = 6 = 5`, `6 = 5`,
+   `\\frac{1}{3} \\approx 0.333`, `\\approx 3.14`) -> equal only if each value is (math-verify
+   reads the last one only), unless the reference itself is an equation (`3x + 2y = 12`);
+3. a reference giving values to different names (`a=2, b=3`) -> compared name by name, or in
    its order if the answer gives bare values (math-verify would accept `3, 2`);
-3. both sides exact closed-form numbers (`exact.py`) -> exact comparison decides, both ways.
+4. both sides exact closed-form numbers (`exact.py`) -> exact comparison decides, both ways.
    math-verify rounds to 6 decimals, so it calls 1/2004! and 1/2006! equal. A number too large
    to evaluate (more than 200,000 bits) is not read: not equal;
-4. an answer with `\\pm` that step 3 could not read -> not equal (math-verify drops the sign
+5. an answer with `\\pm` that step 4 could not read -> not equal (math-verify drops the sign
    set in some directions and would accept `2021` for `\\pm 2021`);
-5. an answer holding a number too large to evaluate (`x^{5^{5^{5}}}`) -> not equal, before
+6. an answer holding a number too large to evaluate (`x^{5^{5^{5}}}`) -> not equal, before
    math-verify would try to compute it;
-6. otherwise math-verify, gold first (`verify` is not symmetric), with the gold wrapped in
-   `\\boxed{}` as rStar2 does; if both of its parses are exact numbers we again compare
-   exactly rather than let it round.
+7. otherwise math-verify, gold first (`verify` is not symmetric), with the gold wrapped in
+   `\\boxed{}` as rStar2 does, on the `tidy` text of both (at most `MAX_ANSWER_CHARS` each).
+   Every decimal it reads is taken as the exact rational it spells (it would round it: a
+   policy could box `3.1415934\\ldots` for pi), and if both parses are then numbers they are
+   compared exactly.
 
 Several boxes in one final answer (`answer_matches`) are one answer only where that cannot buy
 reward for hedging: they match when every box states the reference, or when the reference has
@@ -42,10 +48,13 @@ from rstar2_jax.rewards.normalize import (
     named_parts,
     normalize_answer,
     split_top_level,
+    stated_values,
+    tidy,
 )
 
-# Longest answer (normal form, in characters) compared by value; a longer one is equal only to
-# the same normal form. Real answers are far shorter; this bounds the work one answer can ask.
+# Longest answer (normal form, and text given to math-verify, in characters) compared by value;
+# a longer one is equal only to the same normal form. Real answers are far shorter; this bounds
+# the work one answer can ask.
 MAX_ANSWER_CHARS = 2000
 
 # rStar2's extraction configs: the gold is LaTeX; the prediction may also be a plain expression.
@@ -66,7 +75,20 @@ def _is_exact_number(value: object) -> bool:
     )
 
 
+def _decimals_as_rationals(value: object) -> object:
+    """`value` with every float the parser made from a decimal replaced by the exact rational
+    that decimal spells (`3.1415934` -> 31415934/10^7): a decimal is a number, not a tolerance."""
+    if isinstance(value, sympy.MatrixBase):
+        return value.applyfunc(_decimals_as_rationals)
+    if not isinstance(value, sympy.Basic):
+        return value
+    return value.xreplace({f: sympy.Rational(str(f)) for f in value.atoms(sympy.Float)})
+
+
 def _math_verify_equal(pred: str, gold: str) -> bool:
+    pred, gold = tidy(pred), tidy(gold)
+    if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+        return False
     gold_parsed = math_verify.parse(
         f"\\boxed{{{gold}}}", _GOLD_CONFIG, parsing_timeout=None, raise_on_error=False
     )
@@ -75,9 +97,17 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     )
     if not gold_parsed or not pred_parsed:
         return False
+    gold_parsed = [_decimals_as_rationals(value) for value in gold_parsed]
+    pred_parsed = [_decimals_as_rationals(value) for value in pred_parsed]
     if _is_exact_number(gold_parsed[0]) and _is_exact_number(pred_parsed[0]):
         return same_value(gold_parsed[0], pred_parsed[0])
     return math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=False)
+
+
+def _is_equation(answer: str) -> bool:
+    """Whether `answer` relates several values (`3x + 2y = 12`), beyond naming one (`y = 2x + 3`)."""
+    values = stated_values(answer)
+    return values is not None and len(values) > 1
 
 
 def _equivalent(pred: str, gold: str) -> bool:
@@ -88,6 +118,10 @@ def _equivalent(pred: str, gold: str) -> bool:
         return True
     if len(pred_normal) > MAX_ANSWER_CHARS or len(gold_normal) > MAX_ANSWER_CHARS:
         return False
+    if len(split_top_level(pred_normal, ",")) == 1 and not _is_equation(gold):
+        values = stated_values(pred)
+        if values is not None:
+            return bool(values) and all(value and _equivalent(value, gold) for value in values)
     gold_named = named_parts(gold_normal)
     if gold_named is not None:
         return _named_equal(pred_normal, gold_named)
