@@ -110,7 +110,8 @@ def _hard_subset(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from rstar2_jax.train.checkpoint import export_hf
 
-    step = export_hf(args.checkpoints, args.output, step=args.step, tokenizer=args.tokenizer)
+    step = export_hf(args.checkpoints, args.output, step=args.step, tokenizer=args.tokenizer,
+                     dtype=args.dtype)
     print(f"exported step {step} of {args.checkpoints} to {args.output}")
     return 0
 
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("checkpoints", help="a run's checkpoints directory (<run_dir>/checkpoints)")
     export.add_argument("output", help="directory for config.json + model.safetensors")
     export.add_argument("--step", type=int, help="checkpoint step (default: newest readable)")
+    export.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="dtype of the written weights (default: the run's master weights', "
+                             "float32 unless precision.params said otherwise)")
     export.add_argument("--tokenizer", help="copy the tokenizer from this directory (default: the "
                                             "one of the model the run started from)")
     export.set_defaults(func=_export)

@@ -104,3 +104,18 @@ def test_unwritable_output_fails_before_restoring(run, tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(OutputError, match="cannot write the export directory .*file/out"):
         export_hf(run[0] / "run" / "checkpoints", tmp_path / "file" / "out")
+
+
+def test_export_writes_the_master_dtype_or_the_one_asked_for(run, tmp_path):
+    d, config, states = run
+    export_hf(d / "run" / "checkpoints", tmp_path / "master", step=8)
+    export_hf(d / "run" / "checkpoints", tmp_path / "half", step=8, dtype="bfloat16")
+    master = json.loads((tmp_path / "master" / "config.json").read_text())
+    half = json.loads((tmp_path / "half" / "config.json").read_text())
+    assert (master["dtype"], half["dtype"]) == ("float32", "bfloat16")
+    size = {name: (tmp_path / name / "model.safetensors").stat().st_size for name in ("master", "half")}
+    assert size["half"] < 0.6 * size["master"]
+    _, exact = load_hf(tmp_path / "master")
+    _same(exact, states[8].params)
+    _, rounded = load_hf(tmp_path / "half")  # float32 master weights again, rounded once
+    _same(rounded, jax.tree.map(lambda x: x.astype("bfloat16").astype("float32"), states[8].params))

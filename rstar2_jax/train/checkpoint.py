@@ -241,7 +241,7 @@ def restore_params(checkpoint_dir: str | Path, step: int | None = None) -> Resto
 
 
 def export_hf(checkpoint_dir: str | Path, output_dir: str | Path, step: int | None = None,
-              tokenizer: str | Path | None = None) -> int:
+              tokenizer: str | Path | None = None, dtype: str | None = None) -> int:
     """Writes a checkpoint (default: the newest readable one) as a complete Hugging Face model
     directory: config.json, generation_config.json, model.safetensors, and the tokenizer files
     (chat template included) of the model the run started from, so that the directory is the
@@ -250,7 +250,13 @@ def export_hf(checkpoint_dir: str | Path, output_dir: str | Path, step: int | No
     The tokenizer comes from the run's ``model.tokenizer`` (else ``model.path``), or from
     ``tokenizer`` when given; it is checked against the model before anything is written. The
     generation config is the starting model's when it has one.
+
+    The weights are written in ``dtype`` ("float32" or "bfloat16"), by default in the dtype the
+    run keeps its master weights in (``precision.params``: float32 unless set), which
+    ``config.json``'s ``dtype`` then names; bfloat16 halves the files, as published checkpoints.
     """
+    if dtype not in (None, "float32", "bfloat16"):
+        raise ConfigError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
     output_dir = Path(output_dir)
     meta = read_checkpoint_meta(checkpoint_dir, step)
     model_config = ModelConfig(**meta["model_config"])
@@ -266,7 +272,11 @@ def export_hf(checkpoint_dir: str | Path, output_dir: str | Path, step: int | No
                              f"from; if it moved, pass --tokenizer DIR]") from None
     require_writable_dir(output_dir, "the export directory")
     restored = restore_params(checkpoint_dir, step)
-    save_hf(output_dir, restored.model_config, restored.state.params)
+    config, params = restored.model_config, restored.state.params
+    if dtype is not None and dtype != config.dtype:
+        config = dataclasses.replace(config, dtype=dtype)
+        params = jax.tree.map(lambda x: x.astype(dtype), params)
+    save_hf(output_dir, config, params)
     files = tokenizer_files(tokenizer_dir)
     if source.get("path") and (Path(source["path"]) / GENERATION_CONFIG).is_file():
         files.append(Path(source["path"]) / GENERATION_CONFIG)
