@@ -143,12 +143,12 @@ def load_hf(path, dtype=jnp.float32) -> tuple[ModelConfig, dict]:
     _check_shapes(path, files, target, expected)
     host_dtype = np.dtype(config.jnp_dtype)
     buffers: dict[str, np.ndarray] = {}
-    cpu = jax.local_devices(backend="cpu")[0]  # this process's (process 0 owns devices()[0])
+    host = _host_device()
     for file in sorted(set(files.values())):
         names = [name for name, f in files.items() if f == file and name in target]
         # The "flax" reader understands bfloat16, which numpy's does not; it must not put the
         # tensors on an accelerator on their way to the host buffers.
-        with safe_open(path / file, framework="flax") as handle, jax.default_device(cpu):
+        with safe_open(path / file, framework="flax") as handle, jax.default_device(host):
             for name in names:
                 e, layer = target[name]
                 a = np.asarray(handle.get_tensor(name))
@@ -165,6 +165,15 @@ def load_hf(path, dtype=jnp.float32) -> tuple[ModelConfig, dict]:
     for e in entries:  # one host buffer at a time becomes a device array
         (params["layers"] if e.stacked else params)[e.key] = jnp.asarray(buffers.pop(e.key))
     return config, params
+
+
+def _host_device():
+    """This process's CPU device (process 0 owns devices()[0]); its first device when JAX runs
+    without a CPU backend (JAX_PLATFORMS=cuda), one tensor at a time then."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return jax.local_devices()[0]
 
 
 def _check_shapes(path: Path, files: dict[str, str], target: dict, order: list[str]) -> None:

@@ -70,10 +70,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
     """
     if mask is None:
         if _cudnn_supports(q):
-            try:
-                return _cudnn_causal(q, k, v, lengths)
-            except NotImplementedError:  # a shape cuDNN's flash attention does not take
-                pass
+            return _cudnn_causal(q, k, v, lengths)
         mask = _causal_mask(q.shape[0], q.shape[1], lengths)
     if q.shape[1] == 1:
         return _decode_attention(q, k, v, mask, precision)
@@ -95,20 +92,31 @@ def _causal_mask(batch: int, t: int, lengths: jax.Array | None) -> jax.Array:
 
 
 def _cudnn_supports(q: jax.Array) -> bool:
-    """Whether cuDNN's flash attention can run here: an NVIDIA GPU (not ROCm) and a 16-bit dtype."""
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or jax.default_backend() != "gpu":
+    """Whether cuDNN's flash attention runs here: an NVIDIA GPU (not ROCm), a 16-bit dtype and
+    a head dim it takes (a multiple of 8, at most 128 on every GPU generation)."""
+    d = q.shape[-1]
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or d % 8 or d > 128:
+        return False
+    if jax.default_backend() != "gpu":
         return False
     return "cuda" in jax.extend.backend.get_backend().platform_version.lower()
 
 
 def _cudnn_causal(q, k, v, lengths):
     """Causal attention by cuDNN; k/v [B, K, S, D] as `attention` takes them (the transposes to
-    its [B, S, K, D] cancel against the model's own)."""
+    its [B, S, K, D] cancel against the model's own). The sequence is padded to an even length,
+    which JAX's cuDNN training kernels require (a training step's inputs are seq - 1 long);
+    causality keeps the real queries off the padded keys."""
+    t = q.shape[1]
+    if t % 2:
+        q = jnp.pad(q, [(0, 0), (0, 1), (0, 0), (0, 0)])
+        k, v = (jnp.pad(x, [(0, 0), (0, 0), (0, 1), (0, 0)]) for x in (k, v))
     if lengths is not None:
         lengths = jnp.maximum(lengths, 1).astype(jnp.int32)  # an empty row would give NaNs
-    return jax.nn.dot_product_attention(
+    out = jax.nn.dot_product_attention(
         q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), is_causal=True,
         query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation="cudnn")
+    return out[:, :t]
 
 
 def _decode_attention(q, k, v, mask, precision=None):
