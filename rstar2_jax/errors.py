@@ -9,6 +9,7 @@ else that escapes a job is a bug and keeps its traceback.
     ├── DataError        a dataset or SFT file that is missing, empty or malformed
     ├── ModelError       a model directory that is missing, incomplete or unsupported
     ├── TokenizerError   a tokenizer that is missing or does not fit the model / chat format
+    ├── MismatchError    a sampler whose log-probs are not the trainer's (temperature, weights)
     └── OutputError      an output path that cannot be written
 
 They derive from ``ValueError`` (``OutputError`` from ``OSError``) so that code catching the
@@ -40,6 +41,11 @@ class ModelError(UserError, ValueError):
 
 class TokenizerError(UserError, ValueError):
     """A tokenizer that is missing or does not fit the model or the chat format."""
+
+
+class MismatchError(UserError, ValueError):
+    """The sampler's log-probs of the tokens it drew disagree with the trainer's beyond the
+    configured bound (``rl.first_step_gap_limit``): a setting or the served weights differ."""
 
 
 class OutputError(UserError, OSError):

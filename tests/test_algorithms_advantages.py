@@ -1,4 +1,5 @@
-"""Group advantages and the equal-reward filter."""
+"""Advantage estimators (GRPO's group advantages, RLOO, REINFORCE++-baseline, GPG) and the
+equal-reward filter."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rstar2_jax.algorithms import group_advantages, nonuniform_group_mask
+from rstar2_jax.algorithms import (
+    Rollouts,
+    gpg_advantages,
+    group_advantages,
+    nonuniform_group_mask,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
 
 EPS = 1e-6
 
@@ -103,3 +111,73 @@ def test_jit_and_vmap_match_eager():
     batched = jax.jit(jax.vmap(group_advantages))(rewards)
     for i in range(rewards.shape[0]):
         np.testing.assert_allclose(batched[i], group_advantages(rewards[i]), rtol=1e-6)
+
+
+# --- RLOO, REINFORCE++-baseline, GPG ------------------------------------------------------------
+
+def kept(rewards, lengths=None):
+    rewards = np.asarray(rewards, np.float32)
+    lengths = np.full(rewards.shape, 10) if lengths is None else np.asarray(lengths)
+    zeros = np.zeros(rewards.shape, np.int32)
+    return Rollouts(rewards, lengths.astype(np.int32), zeros.astype(bool), zeros, zeros, zeros,
+                    zeros, zeros, zeros + 1)
+
+
+def test_rloo_is_each_reward_minus_the_mean_of_the_others():
+    # Group [1, 0, 0, 0]: the correct one against 0, each wrong one against (1 + 0 + 0) / 3.
+    adv = np.asarray(rloo_advantages(kept([[1, 0, 0, 0], [1, 1, 1, 1], [0.5, 0, 1, 0]])))
+    np.testing.assert_allclose(adv[0], [1.0, -1 / 3, -1 / 3, -1 / 3], rtol=1e-6)
+    assert np.all(adv[1] == 0.0)
+    np.testing.assert_allclose(adv[2], [0.5 - 1 / 3, -0.5, 1 - 0.5 / 3, -0.5], rtol=1e-6)
+    with pytest.raises(ValueError, match="at least 2"):
+        rloo_advantages(kept([[1.0], [0.0]]))
+
+
+def test_reinforce_pp_baseline_whitens_over_loss_tokens():
+    # Centred: group 0 [0.5, -0.5] with 1 and 3 tokens, group 1 equal rewards [0, 0] with 2 and
+    # 2 tokens. Token-weighted mean (0.5 - 1.5) / 8 = -1/8; unbiased variance over the 8 tokens
+    # (1 * (5/8)^2 + 3 * (3/8)^2 + 4 * (1/8)^2) / 7 = (25 + 27 + 4) / 448 = 1/8.
+    adv = np.asarray(reinforce_pp_baseline_advantages(kept([[1, 0], [1, 1]], [[1, 3], [2, 2]])))
+    scale = 1 / np.sqrt(1 / 8 + 1e-8)
+    np.testing.assert_allclose(adv, [[5 / 8 * scale, -3 / 8 * scale], [1 / 8 * scale] * 2], rtol=1e-5)
+    # Whitened over tokens: token-weighted mean 0 and unbiased variance 1 (up to the 1e-8).
+    tokens = np.array([[1, 3], [2, 2]])
+    assert np.sum(tokens * adv) == pytest.approx(0.0, abs=1e-5)
+    assert np.sum(tokens * adv**2) / 7 == pytest.approx(1.0, rel=1e-5)
+    with pytest.raises(ValueError, match="at least 2"):
+        reinforce_pp_baseline_advantages(kept([[1, 0]], [[1, 0]]))
+
+
+def test_gpg_scales_by_the_share_of_groups_with_signal():
+    # B = 12 rollouts, M = 4 in the one group of equal rewards: alpha = 12 / 8.
+    adv = np.asarray(gpg_advantages(kept([[1, 0, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]])))
+    np.testing.assert_allclose(adv[0], 1.5 * np.array([0.75, -0.25, -0.25, -0.25]), rtol=1e-6)
+    assert np.all(adv[1] == 0.0)
+    np.testing.assert_allclose(adv[2], 1.5 * np.array([-0.5, 0.5, 0.5, -0.5]), rtol=1e-6)
+    # No group with signal: every advantage 0 (alpha 1, no division by zero).
+    assert np.all(np.asarray(gpg_advantages(kept([[1, 1], [0, 0]]))) == 0.0)
+
+
+def test_new_estimators_match_their_reference_formulas():
+    # Written here from each source's formula (per-rollout loops over groups, float64), on
+    # random rewards and lengths: verl's RLOO, REINFORCE++-baseline (masked whitening of the
+    # token matrix) and the GPG paper's alpha.
+    rng = np.random.default_rng(0)
+    rewards = rng.integers(0, 2, (6, 4)).astype(np.float64)
+    rewards[1] = 1.0
+    lengths = rng.integers(1, 30, rewards.shape)
+    r = kept(rewards, lengths)
+
+    means = rewards.mean(axis=1, keepdims=True)
+    m = rewards.shape[1]
+    rloo = rewards * m / (m - 1) - means * m / (m - 1)
+    np.testing.assert_allclose(rloo_advantages(r), rloo, atol=1e-6)
+
+    token_values = np.concatenate([np.full(n, c) for n, c in zip(lengths.ravel(), (rewards - means).ravel())])
+    mean, var = token_values.mean(), token_values.var(ddof=1)
+    np.testing.assert_allclose(reinforce_pp_baseline_advantages(r), (rewards - means - mean) / np.sqrt(var + 1e-8),
+                               rtol=1e-5, atol=1e-6)
+
+    invalid = sum(m for row in rewards if row.min() == row.max())
+    np.testing.assert_allclose(gpg_advantages(r), (rewards - means) * rewards.size / (rewards.size - invalid),
+                               atol=1e-6)

@@ -1,4 +1,5 @@
-"""Policy loss: closed forms, gradients, aggregation, accumulation, masking."""
+"""The clipped surrogate (`policy_loss`): closed forms, gradients, the aggregation modes,
+accumulation, masking."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rstar2_jax.algorithms import gspo_loss, policy_loss
+from rstar2_jax.algorithms import policy_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
-AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 def one_token(ratio, advantage, **kwargs):
@@ -99,10 +100,20 @@ def test_aggregation_modes_closed_form():
         "token-mean": (-7.0, 4),
         "seq-mean-token-mean": (-3.0, 2),
         "seq-mean-token-sum": (-7.0, 2),
+        "seq-mean-token-sum-norm": (-7.0 / 3, 2),  # L = the rows' length, 3, by default
     }
     for mode, (loss_sum, count) in expected.items():
         got_sum, got_count, _ = policy_loss(logp, logp, adv, mask, loss_agg_mode=mode)
         assert float(got_sum) == pytest.approx(loss_sum) and int(got_count) == count, mode
+    # A fixed L: (token sum / L) averaged over sequences, whatever the rows' length.
+    got_sum, got_count, _ = policy_loss(logp, logp, adv, mask, loss_agg_mode="seq-mean-token-sum-norm",
+                                        norm_length=10)
+    assert float(got_sum) / int(got_count) == pytest.approx(-7.0 / 10 / 2)
+    grad = jax.grad(lambda lp: policy_loss(lp, lp, adv, mask, loss_agg_mode="seq-mean-token-sum-norm",
+                                           norm_length=10)[0] / 2)(logp)
+    np.testing.assert_allclose(grad, np.where(mask, -np.asarray(adv)[:, None] / 10 / 2, 0.0), rtol=1e-6)
+    with pytest.raises(ValueError, match="norm_length"):
+        policy_loss(logp, logp, adv, mask, loss_agg_mode="seq-mean-token-sum-norm", norm_length=0)
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
@@ -183,6 +194,7 @@ def test_metrics_closed_form():
     ("token-mean", 1 / 4, (1.5 + 3.0) / 4),  # over the 4 tokens
     ("seq-mean-token-mean", (1 + 0) / 2, (1.5 + 1.0) / 2),  # over the 2 sequences' token means
     ("seq-mean-token-sum", (1 + 0) / 2, (1.5 + 1.0) / 2),
+    ("seq-mean-token-sum-norm", (1 + 0) / 2, (1.5 + 1.0) / 2),
 ])
 def test_metrics_are_averaged_as_the_loss_is(mode, clip_high, ratio_mean):
     # The train step divides every metric sum by the loss's count (tokens or sequences), so the
@@ -231,58 +243,3 @@ def test_bad_inputs_raise(kwargs, message):
     args = dict(logp=jnp.zeros((2, 3)), old_logp=jnp.zeros((2, 3)), advantages=jnp.zeros(2), mask=jnp.ones((2, 3)))
     with pytest.raises(ValueError, match=message):
         policy_loss(**{**args, **kwargs})
-
-
-# --- GSPO: sequence-level ratio and clipping ----------------------------------------------------
-
-def test_gspo_closed_form():
-    # Row 0: token log-ratios 0.1 and 0.3, so s = exp(0.2) = 1.2214 > 1 + 4e-4 with A = 1:
-    # clipped, loss -(1 + 4e-4). Row 1: log-ratio 1e-4 on all three tokens, s = exp(1e-4),
-    # inside the range, A = -2: loss 2 s. Row 2: padding, neither loss nor count.
-    old = jnp.zeros((3, 3))
-    logp = jnp.array([[0.1, 0.3, 7.0], [1e-4, 1e-4, 1e-4], [0.0, 0.0, 0.0]])
-    mask = jnp.array([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
-    adv = jnp.array([1.0, -2.0, 5.0])
-    loss_sum, count, sums = gspo_loss(logp, old, adv, mask)
-    assert int(count) == 2
-    assert float(loss_sum) == pytest.approx(-(1 + 4e-4) + 2 * np.exp(1e-4), rel=1e-6)
-    assert float(sums["clip_high_frac"]) == 1.0 and float(sums["clip_low_frac"]) == 0.0
-    assert float(sums["ratio_mean"]) == pytest.approx(np.exp(0.2) + np.exp(1e-4), rel=1e-6)
-    assert float(sums["ratio_max"]) == pytest.approx(np.exp(0.2), rel=1e-6)
-
-
-def test_gspo_gradient_is_sequence_level():
-    # d l_i / d logp_t = -A_i s_i / |y_i| on every token of an unclipped sequence, 0 on a clipped
-    # one; the loss is divided by the number of sequences.
-    old = jnp.zeros((2, 4))
-    logp = jnp.array([[1e-4, -1e-4, 2e-4, 0.0], [0.5, 0.5, 0.0, 0.0]])
-    mask = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
-    adv = jnp.array([0.7, 1.0])
-
-    def mean(lp):
-        loss_sum, count, _ = gspo_loss(lp, old, adv, mask)
-        return loss_sum / count
-
-    grad = np.asarray(jax.grad(mean)(logp))
-    s0 = np.exp((1e-4 - 1e-4 + 2e-4) / 3)
-    np.testing.assert_allclose(grad[0], [-0.7 * s0 / 3 / 2] * 3 + [0.0], rtol=1e-5)
-    np.testing.assert_array_equal(grad[1], 0.0)  # s = e^0.5, A > 0: clipped
-
-
-def test_gspo_accumulates_exactly_and_ignores_masked_values():
-    logp, old, adv, mask = random_batch(8, batch=6, seq=5, ratio_spread=1e-3)
-    mask = mask.at[3].set(False)
-
-    def full(lp):
-        s, c, _ = gspo_loss(lp, old, adv, mask)
-        return s / c
-
-    def split(lp):
-        parts = [gspo_loss(lp[s], old[s], adv[s], mask[s]) for s in (slice(0, 2), slice(2, 6))]
-        return sum(p[0] for p in parts) / sum(p[1] for p in parts)
-
-    np.testing.assert_allclose(jax.grad(split)(logp), jax.grad(full)(logp), rtol=1e-6, atol=1e-9)
-    noisy = [jnp.where(mask, x, jnp.nan) for x in (logp, old)]
-    np.testing.assert_array_equal(gspo_loss(*noisy, adv, mask)[0], gspo_loss(logp, old, adv, mask)[0])
-    with pytest.raises(ValueError, match="one advantage per sequence"):
-        gspo_loss(logp, old, jnp.broadcast_to(adv[:, None], logp.shape), mask)

@@ -11,16 +11,27 @@ import pytest
 
 from rstar2_jax.algorithms import (
     ALGORITHMS,
+    CISPO,
     DAPO,
     DR_GRPO,
+    DR_GRPO_NORM,
+    GMPO,
+    GPG,
     GRPO,
     GRPO_ROC,
     GRPO_ROC_RELEASED,
     GSPO,
+    REINFORCE_PP_BASELINE,
+    RLOO,
+    SAPO,
     Algorithm,
     Rollouts,
+    cispo_loss,
+    gmpo_loss,
+    gpg_loss,
     gspo_loss,
     resolve_algorithm,
+    sapo_loss,
 )
 
 
@@ -102,8 +113,58 @@ def test_dapo_masks_truncated_rollouts_but_keeps_them_in_the_group_statistics():
     assert DAPO.loss is GRPO.loss  # token-level, Clip-Higher 0.2 / 0.28
 
 
+def test_dr_grpo_norm_divides_token_sums_by_the_row_length():
+    selection, adv = run(DR_GRPO_NORM, rollouts(REWARDS), group_size=4)
+    np.testing.assert_allclose(adv, run(DR_GRPO, rollouts(REWARDS), 4)[1])
+    # Rows padded to 4 positions: mean over sequences of (-A_i |o_i| / 4).
+    lengths = [1, 2, 3, 4]
+    expected = -np.dot(adv[0], lengths) / 4 / 4
+    assert on_policy_loss(DR_GRPO_NORM, adv[0], lengths) == pytest.approx(expected, rel=1e-6)
+
+
+def test_rloo_leaves_one_out_and_sums_tokens_per_sequence():
+    selection, adv = run(RLOO, rollouts(REWARDS), group_size=4)
+    np.testing.assert_array_equal(selection.index, [[0, 1, 2, 3], [8, 9, 10, 11]])
+    np.testing.assert_allclose(adv[0], [1.0, -1 / 3, -1 / 3, -1 / 3], rtol=1e-6)
+    # REINFORCE on each sequence's log-probability: token sums, mean over sequences.
+    lengths = [1, 2, 3, 4]
+    assert on_policy_loss(RLOO, adv[0], lengths) == pytest.approx(-np.dot(adv[0], lengths) / 4, rel=1e-6)
+
+
+def test_reinforce_pp_baseline_keeps_every_group_and_whitens_over_tokens():
+    selection, adv = run(REINFORCE_PP_BASELINE, rollouts(REWARDS), group_size=4)
+    np.testing.assert_array_equal(selection.index, np.arange(12).reshape(3, 4))  # equal group kept
+    assert selection.trains.all()
+    # Equal lengths (10 tokens): whitening over the 120 tokens is over rollouts, each 10 times.
+    # (The equal-reward group gets -mu / std, 0 here where mu is 0; unequal lengths make it
+    # nonzero: test_algorithms_advantages.)
+    centred = np.array(REWARDS, float) - np.mean(REWARDS, axis=1, keepdims=True)
+    expected = (centred - centred.mean()) / np.sqrt(centred.var(ddof=0) * 120 / 119 + 1e-8)
+    np.testing.assert_allclose(adv, expected, rtol=1e-5)
+    assert REINFORCE_PP_BASELINE.loss is GRPO.loss
+
+
+def test_gpg_keeps_every_group_and_scales_by_alpha():
+    selection, adv = run(GPG, rollouts(REWARDS), group_size=4)
+    assert selection.index.shape == (3, 4)
+    centred = np.array(REWARDS, float) - np.mean(REWARDS, axis=1, keepdims=True)
+    np.testing.assert_allclose(adv, centred * 12 / 8, rtol=1e-6)
+    assert GPG.loss is gpg_loss
+
+
+@pytest.mark.parametrize("algorithm, loss", [(CISPO, cispo_loss), (GMPO, gmpo_loss), (SAPO, sapo_loss)])
+def test_cispo_gmpo_and_sapo_use_grpo_advantages(algorithm, loss):
+    selection, adv = run(algorithm, rollouts(REWARDS), group_size=4)
+    grpo_selection, grpo_adv = run(GRPO, rollouts(REWARDS), group_size=4)
+    np.testing.assert_array_equal(selection.index, grpo_selection.index)
+    np.testing.assert_allclose(adv, grpo_adv, rtol=1e-6)
+    assert algorithm.loss is loss
+
+
 def test_every_named_algorithm_resolves_to_itself():
-    assert set(ALGORITHMS) == {"grpo", "grpo_roc", "grpo_roc_released", "dr_grpo", "gspo", "dapo"}
+    assert set(ALGORITHMS) == {"grpo", "grpo_roc", "grpo_roc_released", "dr_grpo", "gspo", "dapo",
+                               "dr_grpo_norm", "rloo", "reinforce_plus_plus_baseline", "cispo", "gpg",
+                               "gmpo", "sapo"}
     for name, algorithm in ALGORITHMS.items():
         assert resolve_algorithm(name) is algorithm
 

@@ -13,6 +13,7 @@ from rstar2_jax.sandbox import ExecResult, render_result
 from rstar2_jax.train.rl_data import (
     KeptRollouts,
     check_algorithm,
+    check_trained_ids,
     make_batch,
     rollout_arrays,
     rollout_metrics,
@@ -162,3 +163,72 @@ def test_a_custom_algorithm_needs_no_trainer_change():
     r = rollout_arrays([trajectory()] * 4, np.array([[1.0, 0.0, 0.0, 1.0]]))
     kept = select_rollouts(algorithm, jax.random.key(0), r, group_size=2)
     np.testing.assert_array_equal(kept.advantages, [0.0, -1.0, -1.0, 0.0])
+
+
+# --- the rows trained on are the ids sampled ---------------------------------------------------
+
+def encode(text):
+    """A stand-in tokenizer for tool outputs: the scaffold around one id per character."""
+    return [90, *(100 + ord(c) % 50 for c in text), 91]
+
+
+def agentic(prompt=(1, 2, 3)):
+    """Turn 0 (3 sampled ids) calls the tool; its output is shown; turn 1 (2 ids) answers."""
+    tool = encode("ok")
+    response = [10, 11, 12, *tool, 13, 14]
+    end0, start1 = 3, 3 + len(tool)
+    return Trajectory(prompt_index=0, sample_index=0, prompt_ids=list(prompt), response_ids=response,
+                      loss_mask=[1, 1, 1] + [0] * len(tool) + [1, 1],
+                      logprobs=[-0.1, -0.2, -0.3] + [0.0] * len(tool) + [-0.4, -0.5],
+                      turn_spans=[(0, end0), (start1, start1 + 2)], turn_texts=["call", "answer"],
+                      tool_calls=[call("ok", "ok", turn=0)], finish_reason="answer")
+
+
+def direct():
+    return Trajectory(prompt_index=1, sample_index=0, prompt_ids=[4, 5], response_ids=[20, 21],
+                      loss_mask=[1, 1], logprobs=[-0.6, -0.7], turn_spans=[(0, 2)],
+                      turn_texts=["answer"], finish_reason="answer")
+
+
+def checked(trajs, edit_batch=None):
+    kept = KeptRollouts(np.arange(len(trajs)), np.ones(len(trajs), np.float32), 1)
+    batch = make_batch(trajs, kept, pad_id=0, seq_len=16, rows=4)
+    if edit_batch is not None:
+        edit_batch(batch)
+    check_trained_ids(batch, trajs, kept, encode)
+
+
+def test_sampled_rows_pass_the_id_check():
+    checked([agentic(), direct()])
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    # A tool output token trained on (loss mask 1 inside the tool turn).
+    (lambda t: t.loss_mask.__setitem__(4, 1), "loss mask is not 1 exactly on the model's turns"),
+    # The tool output the model was shown differs from what the row holds.
+    (lambda t: t.response_ids.__setitem__(5, 99), r"\[3, 7\) hold 4 tokens, but the tokens there should be the tool output shown after turn 0"),
+    # A turn boundary off by one.
+    (lambda t: t.turn_spans.__setitem__(1, (6, 9)), "loss mask"),
+    # Two turns with no tool call between them.
+    (lambda t: t.tool_calls.clear(), "without a tool call between them"),
+    # A sampled token after the last turn.
+    (lambda t: (t.response_ids.append(15), t.loss_mask.append(0), t.logprobs.append(0.0)),
+     r"\[9, 10\) hold 1 tokens, but the tokens there should be none"),
+])
+def test_a_trajectory_that_is_not_what_was_sampled_is_refused(corrupt, message):
+    t = agentic()
+    corrupt(t)
+    with pytest.raises(ValueError, match=message):
+        checked([direct(), t])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda b: b["tokens"].__setitem__((0, 3 + 2), 0), "tokens are not the sampled prompt and response"),
+    (lambda b: b["attention_mask"].__setitem__((0, 15), 1), "followed by padding"),
+    (lambda b: b["sampler_logp"].__setitem__((0, slice(3, 13)), np.roll(b["sampler_logp"][0, 3:13], 1)),
+     "sampler log-probs"),
+    (lambda b: b["loss_mask"].__setitem__((0, 3), 0), "loss mask"),
+])
+def test_a_batch_row_that_is_not_the_trajectory_is_refused(edit, message):
+    with pytest.raises(ValueError, match=message):
+        checked([agentic(), direct()], edit)

@@ -1,11 +1,12 @@
-"""RL update on a prepared batch: sharded == single device, padding-invariance, metrics."""
+"""RL update on a prepared batch: sharded == single device, padding-invariance, metrics, the
+rollout correction and the check before the first optimizer step."""
 import functools
 
 import jax
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import gspo_loss, policy_loss
+from rstar2_jax.algorithms import RolloutCorrection, gspo_loss, policy_loss
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.configs import OptimizerConfig, RLConfig
@@ -19,7 +20,9 @@ SEQ, PROMPT = 24, 5
 
 
 def _batch(rows, seed=0, sampler_offset=0.0):
-    """Rollouts with a 5-token prompt, generated tokens of random length, right padding."""
+    """Rollouts with a 5-token prompt, generated tokens of random length, right padding.
+    ``sampler_offset``: nats added to the trainer's log-probs to make the sampler's, a number or
+    an array ``[rows, SEQ - 1]``."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(1, MODEL.vocab_size, (rows, SEQ)).astype(np.int32)
     lengths = rng.integers(PROMPT + 2, SEQ + 1, rows)
@@ -67,7 +70,9 @@ def test_sharded_matches_single_device_with_padding():
 def test_metrics_of_one_and_two_mini_batches():
     batch = _batch(8, sampler_offset=-0.1)
     expected = {"loss", "tokens", "grad_norm", "lr", "clip_low_frac", "clip_high_frac", "approx_kl",
-                "ratio_mean", "ratio_max", "entropy", "logprob_mismatch/abs", "logprob_mismatch/kl"}
+                "ratio_mean", "ratio_max", "entropy", "logprob_mismatch/abs", "logprob_mismatch/kl",
+                "logprob_mismatch/log_ppl_diff", "logprob_mismatch/log_ppl_abs_diff",
+                "logprob_mismatch/ratio_max", "logprob_mismatch/ratio_min"}
     state, one = _update(batch, make_mesh(1, 1), mini_batches=1)
     assert set(one) == expected and all(np.isfinite(v) for v in one.values())
     # One update from freshly recomputed old log-probs: the ratio is exactly 1.
@@ -77,6 +82,9 @@ def test_metrics_of_one_and_two_mini_batches():
     # The sampler was 0.1 nats below the trainer on every generated token.
     assert one["logprob_mismatch/abs"] == pytest.approx(0.1, rel=1e-4)
     assert one["logprob_mismatch/kl"] == pytest.approx(np.exp(0.1) - 0.1 - 1, rel=1e-3)
+    assert one["logprob_mismatch/log_ppl_diff"] == pytest.approx(-0.1, rel=1e-4)
+    assert one["logprob_mismatch/ratio_max"] == pytest.approx(np.exp(0.1), rel=1e-4)
+    assert one["logprob_mismatch/ratio_min"] == pytest.approx(np.exp(0.1), rel=1e-4)
     assert 0 < one["entropy"] <= np.log(MODEL.vocab_size) + 1e-5
     assert int(state.step) == 1
 
@@ -117,3 +125,56 @@ def test_a_sequence_level_loss_logs_its_metrics_over_sequences(loss, sums_tokens
     # when the loss sums them.
     expected = -np.mean(batch["advantages"] * (lengths if sums_tokens else 1))
     assert m["loss"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_rollout_correction_weights_and_masks_what_the_loss_receives():
+    # The sampler is 0.1 nats above the trainer on even positions and 1.0 below on odd ones:
+    # token ratios trainer/sampler exp(-0.1) and e. Token TIS capped at 2 weighs them
+    # exp(-0.1) and 2 (the odd ones truncated); a token mask [0.5, 2] drops the odd ones.
+    batch = _batch(8)
+    positions = np.arange(SEQ - 1)[None, :]
+    offsets = np.where(positions % 2 == 0, 0.1, -1.0)
+    batch["sampler_logp"][:, 1:] += offsets
+    mask = batch["loss_mask"][:, 1:].astype(bool)
+    even = mask & (positions % 2 == 0)
+    weights = np.broadcast_to(np.where(positions % 2 == 0, np.exp(-0.1), 2.0), mask.shape)
+    adv = batch["advantages"][:, None]
+
+    _, m = _update(batch, make_mesh(1, 1), rollout_correction=RolloutCorrection(weights="token"))
+    assert m["rollout_correction/weight_mean"] == pytest.approx(weights[mask].mean(), rel=1e-5)
+    assert m["rollout_correction/truncated_frac"] == pytest.approx(1 - even.sum() / mask.sum(), rel=1e-6)
+    assert "rollout_correction/masked_frac" not in m
+    # On policy the token-mean loss is -sum(A w) / tokens.
+    expected = -np.sum((adv * weights)[mask]) / mask.sum()
+    assert m["loss"] == pytest.approx(expected, rel=1e-4)
+    assert m["tokens"] == mask.sum()
+
+    _, m = _update(batch, make_mesh(1, 1), rollout_correction=RolloutCorrection(mask="token"))
+    assert m["rollout_correction/masked_frac"] == pytest.approx(1 - even.sum() / mask.sum(), rel=1e-6)
+    assert m["loss"] == pytest.approx(-np.sum(np.broadcast_to(adv, mask.shape)[even]) / even.sum(), rel=1e-4)
+    assert m["tokens"] == mask.sum()  # the step's loss tokens; masked_frac says how many trained
+
+
+def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
+    batch = _batch(4, sampler_offset=-0.3)
+    mesh = make_mesh(1, 1)
+    seen = []
+
+    def check(stats):
+        seen.append(stats)
+        raise RuntimeError("stop")
+
+    config = RLConfig()
+    opt = make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=1), total_steps=10)
+    specs = param_specs(MODEL, mesh)
+    params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
+    state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
+    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params)
+    with pytest.raises(RuntimeError, match="stop"):
+        update(state, batch, check=check)
+    [stats] = seen
+    assert stats["logprob_mismatch/abs"] == pytest.approx(0.3, rel=1e-4)
+    assert stats["logprob_mismatch/log_ppl_abs_diff"] == pytest.approx(0.3, rel=1e-4)
+    assert int(state.step) == 0  # the state it was given is untouched
+    after, _ = update(state, batch, check=lambda stats: None)
+    assert int(after.step) == 1

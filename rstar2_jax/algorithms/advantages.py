@@ -1,4 +1,4 @@
-"""Advantage estimators (`Algorithm.advantages`): group-relative advantages of GRPO and Dr. GRPO.
+"""Advantage estimators (`Algorithm.advantages`): GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline, GPG.
 
 rStar2-Agent §2.2 (docs/algorithms.md): for the G rollouts kept for one question,
 
@@ -11,6 +11,7 @@ through.
 """
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 
 from rstar2_jax.algorithms.algorithm import Rollouts
@@ -19,6 +20,18 @@ from rstar2_jax.algorithms.selection import nonuniform_group_mask
 # Sample std (ddof=1) is the default because it is what the paper's trainer used: verl's GRPO
 # advantage calls torch.std, which is unbiased, with eps 1e-6; Tunix does the same.
 _DDOF = {"sample": 1, "population": 0}
+
+
+def _centred(rewards: jnp.ndarray) -> jnp.ndarray:
+    """``r - mean(r)`` per group ``[groups, m]``, exactly 0 in groups of equal rewards."""
+    rewards = jnp.asarray(rewards)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [num_groups, G], got shape {rewards.shape}")
+    rewards = rewards.astype(jnp.result_type(rewards.dtype, jnp.float32))
+    centred = rewards - jnp.mean(rewards, axis=-1, keepdims=True)
+    # Tested on the raw rewards, not on the centred values: the mean of equal floats can differ
+    # from them by one rounding step, which would leave a tiny nonzero advantage.
+    return jnp.where(nonuniform_group_mask(rewards)[:, None], centred, 0.0)
 
 
 def group_advantages(
@@ -47,12 +60,9 @@ def group_advantages(
     if group_size <= _DDOF[std]:
         raise ValueError(f"a {std} std needs groups of at least {_DDOF[std] + 1}, got G={group_size}")
     rewards = rewards.astype(jnp.result_type(rewards.dtype, jnp.float32))
-    centred = rewards - jnp.mean(rewards, axis=-1, keepdims=True)
+    centred = _centred(rewards)
     scale = jnp.std(rewards, axis=-1, ddof=_DDOF[std], keepdims=True) + eps
-    # Tested on the raw rewards, not on std == 0: the mean of equal floats can differ from them
-    # by one rounding step, which would leave a tiny nonzero advantage.
-    uniform = ~nonuniform_group_mask(rewards)[:, None]
-    return jnp.where(uniform, 0.0, centred / scale)
+    return jnp.where(centred == 0, 0.0, centred / scale)  # 0, not 0/0, in equal groups at eps=0
 
 
 def grpo_advantages(kept: Rollouts) -> jnp.ndarray:
@@ -65,5 +75,71 @@ def dr_grpo_advantages(kept: Rollouts) -> jnp.ndarray:
     """Dr. GRPO's estimator (Liu et al. 2025, "Understanding R1-Zero-Like Training", §3.1):
     A_i = r_i - mean(r), without GRPO's division by std(r), which up-weights questions that are
     nearly always or nearly never solved."""
-    rewards = jnp.asarray(kept.rewards, jnp.float32)
-    return rewards - jnp.mean(rewards, axis=-1, keepdims=True)
+    return _centred(kept.rewards)
+
+
+def rloo_advantages(kept: Rollouts) -> jnp.ndarray:
+    """RLOO's estimator (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs", arXiv 2402.14740): each reward
+    minus the mean of the other m - 1 rewards of its group,
+
+        A_i = r_i - 1/(m-1) * sum_{j != i} r_j  =  m/(m-1) * (r_i - mean(r)).
+
+    verl's ``compute_rloo_outcome_advantage`` is the same. Groups of equal rewards give 0.
+    Needs m >= 2."""
+    rewards = jnp.asarray(kept.rewards)
+    m = rewards.shape[-1]
+    if m < 2:
+        raise ValueError(f"RLOO needs groups of at least 2 rollouts, got {m}")
+    return _centred(rewards) * (m / (m - 1))
+
+
+def reinforce_pp_baseline_advantages(kept: Rollouts) -> jnp.ndarray:
+    """REINFORCE++-baseline's estimator (Hu et al. 2025, "REINFORCE++", arXiv 2501.03262: the
+    group-mean baseline followed by global batch normalisation):
+
+        c_i = r_i - mean over i's group of r
+        A_i = (c_i - mu) / sqrt(var + 1e-8)
+
+    with ``mu`` and ``var`` the mean and the unbiased variance of c over every **loss token** of
+    the step (rollout i counts ``kept.lengths[i]`` times), as verl's
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage`` whitens its token matrix (and the
+    authors' OpenRLHF their token-level advantages). Long rollouts therefore weigh more in the
+    statistics; groups of equal rewards have c = 0 but still enter them, and get A = -mu / std.
+
+    Args:
+      kept: `[groups, m]` rollouts; uses ``rewards`` and ``lengths`` (loss tokens, >= 0).
+
+    Returns:
+      `[groups, m]` float32. Raises ValueError when the step has fewer than 2 loss tokens (no
+      variance to estimate, as in verl).
+    """
+    centred = _centred(kept.rewards)
+    tokens = jnp.asarray(kept.lengths, jnp.float32)
+    total = float(jnp.sum(tokens))
+    if total < 2:
+        raise ValueError(f"REINFORCE++-baseline whitens over the step's loss tokens and needs at "
+                         f"least 2, got {total:g}")
+    mean = jnp.sum(tokens * centred) / total
+    var = jnp.sum(tokens * (centred - mean) ** 2) / (total - 1)
+    return (centred - mean) * jax.lax.rsqrt(var + 1e-8)
+
+
+def gpg_advantages(kept: Rollouts) -> jnp.ndarray:
+    """GPG's estimator (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning
+    Baseline for Model Reasoning", arXiv 2504.02546; its objective with F_norm = 1):
+
+        A_i = alpha * (r_i - mean over i's group of r),     alpha = B / (B - M)
+
+    over the B rollouts of the step, M of which are in groups of equal rewards (zero advantage,
+    "invalid" samples): alpha scales the gradient back up for the share of the batch that
+    carries none (the paper's accurate gradient estimation), so GPG's selection keeps every
+    group (`keep_every_group`). alpha = 1 when every group is invalid.
+
+    verl's ``compute_gpg_outcome_advantage`` sets alpha = B / (rollouts whose *reward* is not
+    0) instead, which is not the paper's M when rewards are 0/1; this follows the paper.
+    """
+    centred = _centred(kept.rewards)
+    rollouts = centred.size
+    valid = int(jnp.sum(nonuniform_group_mask(jnp.asarray(kept.rewards)))) * centred.shape[-1]
+    return centred * (rollouts / valid if valid else 1.0)

@@ -1,5 +1,6 @@
-"""Policy losses (`Algorithm.loss`): the PPO clipped surrogate of GRPO-RoC, DAPO and Dr. GRPO
-(`policy_loss`, per token), and GSPO's sequence-level one (`gspo_loss`).
+"""The PPO clipped surrogate of GRPO-RoC, DAPO and Dr. GRPO (`policy_loss`, an `Algorithm.loss`),
+and the aggregation every per-token loss shares (`aggregate`). The other losses are in
+`token_losses` (CISPO, GPG, SAPO) and `sequence_losses` (GSPO, GMPO).
 
 Per loss token t of rollout i, with ratio r = exp(logp - old_logp) and advantage A = A_i:
 
@@ -29,10 +30,17 @@ which is exactly the full-batch value for every mode below (divide once, after s
 - "seq-mean-token-sum" (Dr. GRPO): loss_sum = sum of l_t over loss tokens, count = number of
   sequences with at least one loss token. Every token weighs the same and the normaliser does
   not depend on the lengths.
+- "seq-mean-token-sum-norm" (the Dr. GRPO authors' code): loss_sum = sum of l_t over loss tokens
+  divided by a fixed length L (``norm_length``, e.g. the generation budget), count = number of
+  sequences with at least one loss token: the mean over sequences of (token sum / L). verl's
+  mode of that name divides each micro-batch's token sum by L and the micro-batch losses by the
+  gradient-accumulation steps, not by the sequences, so its value grows with its micro-batch
+  size; here it does not depend on how the step is split. Without ``norm_length``, L is the
+  mask's last dimension (the padded row length, as verl's default is its padded response length).
 
 The metrics are divided by the same total count, so each metric sum weighs a token as the count
 does: by 1 for "token-mean" (token means over the step), by 1 / (its sequence's loss tokens) for
-the two sequence modes (means over sequences of each sequence's token mean).
+the three sequence modes (means over sequences of each sequence's token mean).
 """
 from typing import Literal
 
@@ -41,8 +49,9 @@ import jax.numpy as jnp
 
 from rstar2_jax.algorithms._checks import check_values
 
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                      "seq-mean-token-sum-norm"]
+_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def policy_loss(
@@ -58,6 +67,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     logits: jnp.ndarray | None = None,
     loss_agg_mode: LossAggMode = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
     """Clipped policy-gradient loss of one (micro-)batch, unreduced for exact accumulation.
 
@@ -79,7 +89,9 @@ def policy_loss(
         added to the loss; 0 turns it off and needs no `ref_logp`.
       logits: `[batch, seq, vocab]` logits that produced `logp`, only to report the entropy
         (it is not part of the loss).
-      loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum" (module docstring).
+      loss_agg_mode: "token-mean", "seq-mean-token-mean", "seq-mean-token-sum" or
+        "seq-mean-token-sum-norm" (module docstring).
+      norm_length: L of "seq-mean-token-sum-norm" (tokens, > 0); ignored by the other modes.
 
     Returns:
       `(loss_sum, count, metric_sums)`: float32 scalar, int32 scalar (loss tokens for
@@ -90,7 +102,7 @@ def policy_loss(
       `ratio_mean`, `ratio_max`; `ref_kl` if `ref_logp`; `entropy` (nats) if `logits`. With no
       loss token every value is 0.
     """
-    _check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode)
+    check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode)
     check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
     check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
     if dual_clip is not None:
@@ -98,49 +110,25 @@ def policy_loss(
     if kl_coef != 0 and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
 
-    mask = jnp.asarray(mask).astype(bool)
-    old_logp = jax.lax.stop_gradient(old_logp)
+    mask, advantages, log_ratio = token_inputs(logp, old_logp, advantages, mask)
     if ref_logp is not None:
         ref_logp = jax.lax.stop_gradient(ref_logp)
-    advantages = jnp.asarray(advantages)
-    if advantages.ndim == 1:
-        advantages = advantages[:, None]
-    # Masked positions are replaced *before* any arithmetic: multiplying a garbage value by a zero
-    # mask is not enough, since 0 * inf = NaN, in the loss and in its gradient.
-    advantages = jnp.where(mask, advantages, 0.0)
-    log_ratio = jnp.where(mask, logp - old_logp, 0.0)
     ratio = jnp.exp(log_ratio)
 
     per_token = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
     if dual_clip is not None:
         per_token = jnp.where(advantages < 0, jnp.minimum(per_token, -advantages * dual_clip), per_token)
     if ref_logp is not None:
-        ref_kl = _k3(jnp.where(mask, ref_logp - logp, 0.0))
+        ref_kl = k3(jnp.where(mask, ref_logp - logp, 0.0))
         if kl_coef != 0:
             per_token = per_token + kl_coef * ref_kl
     per_token = jnp.where(mask, per_token, 0.0)
 
-    tokens_per_row = jnp.sum(mask, axis=-1)
-    num_rows = jnp.sum(tokens_per_row > 0, dtype=jnp.int32)
-    # Per-token weight of the metrics: they sum to `count` (masked tokens weigh 0).
-    if loss_agg_mode == "token-mean":
-        loss_sum, count = jnp.sum(per_token), jnp.sum(tokens_per_row, dtype=jnp.int32)
-        weight = mask.astype(jnp.float32)
-    else:
-        weight = mask / jnp.maximum(tokens_per_row, 1)[:, None]
-        loss_sum = jnp.sum(per_token * weight) if loss_agg_mode == "seq-mean-token-mean" else jnp.sum(per_token)
-        count = num_rows
-
-    def total(x):
-        return jnp.sum(jnp.where(mask, x * weight, 0.0))
-
+    loss_sum, count, total = aggregate(per_token, mask, loss_agg_mode, norm_length)
     metrics = {
         "clip_low_frac": total((advantages < 0) & (ratio < 1 - eps_low)),
         "clip_high_frac": total((advantages > 0) & (ratio > 1 + eps_high)),
-        "approx_kl": total(_k3(log_ratio)),
-        "ratio_mean": total(ratio),
-        "ratio_max": jnp.max(jnp.where(mask, ratio, 0.0)),
-    }
+    } | ratio_metrics(log_ratio, mask, total)
     if dual_clip is not None:
         metrics["dual_clip_frac"] = total((advantages < 0) & (ratio > dual_clip))
     if ref_logp is not None:
@@ -148,80 +136,72 @@ def policy_loss(
     if logits is not None:
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         metrics["entropy"] = total(-jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
-    return loss_sum.astype(jnp.float32), count, _constant(metrics)
+    return loss_sum, count, constant(metrics)
 
 
-def gspo_loss(
-    logp: jnp.ndarray,
-    old_logp: jnp.ndarray,
-    advantages: jnp.ndarray,
-    mask: jnp.ndarray,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
-    """GSPO's sequence-level clipped loss (Zheng et al. 2025, "Group Sequence Policy
-    Optimization", Eq. 5-7), unreduced like `policy_loss`.
-
-    Per sequence i with loss tokens y_i, advantage A_i:
-
-        s_i = exp(mean over t in y_i of (logp_t - old_logp_t))       (length-normalised ratio)
-        l_i = -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
-
-    loss_sum = sum of l_i, count = sequences with a loss token: the loss is the mean over
-    sequences, and a whole sequence is clipped or not. The paper's clip range, 3e-4 / 4e-4, is
-    the default; a sequence ratio moves far less than a token ratio.
-
-    Args:
-      logp, old_logp, mask: `[batch, seq]` as in `policy_loss`.
-      advantages: `[batch]` per-sequence advantages.
-
-    Returns:
-      `(loss_sum, count, metric_sums)`; metrics are sums over sequences (divided by the total
-      count: means over sequences), except `ratio_max`: `clip_low_frac`, `clip_high_frac`
-      (share of sequences the clip cuts), `ratio_mean`, `ratio_max` (of s_i), `approx_kl`
-      (each sequence's token mean of the k3 estimate of KL(old || policy)).
-    """
-    _check_inputs(logp, old_logp, advantages, mask, None, None, "token-mean")
-    if jnp.ndim(advantages) != 1:
-        raise ValueError(f"GSPO needs one advantage per sequence, [batch], got shape {jnp.shape(advantages)}")
-    check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
-    check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
+def token_inputs(logp, old_logp, advantages, mask):
+    """``(mask, advantages, log_ratio)`` of a per-token loss: the bool mask, the advantages
+    `[batch, seq]` and ``logp - old_logp`` (no gradient through ``old_logp``), both 0 at masked
+    positions. Masked values are replaced *before* any arithmetic: multiplying a garbage value
+    by a zero mask is not enough, since 0 * inf = NaN, in the loss and in its gradient."""
     mask = jnp.asarray(mask).astype(bool)
+    advantages = jnp.asarray(advantages)
+    if advantages.ndim == 1:
+        advantages = advantages[:, None]
+    advantages = jnp.where(mask, advantages, 0.0)
     log_ratio = jnp.where(mask, logp - jax.lax.stop_gradient(old_logp), 0.0)
-    lengths = jnp.sum(mask, axis=-1)
-    present = lengths > 0
-    advantages = jnp.where(present, jnp.asarray(advantages), 0.0)
-    seq_log_ratio = jnp.sum(log_ratio, axis=-1) / jnp.maximum(lengths, 1)
-    ratio = jnp.exp(seq_log_ratio)
-    per_seq = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
-    per_seq = jnp.where(present, per_seq, 0.0)
+    return mask, advantages, log_ratio
+
+
+def aggregate(per_token: jnp.ndarray, mask: jnp.ndarray, mode: LossAggMode,
+              norm_length: int | None = None):
+    """``(loss_sum, count, total)`` of the per-token losses ``per_token`` `[batch, seq]` (0 at
+    masked positions) under aggregation ``mode`` (module docstring); ``total(x)`` sums a
+    per-token metric ``x`` with the weights that make ``sum(total) / sum(count)`` the mean the
+    loss takes (token means for "token-mean", means over sequences of token means otherwise)."""
+    if mode == "seq-mean-token-sum-norm":
+        norm_length = mask.shape[-1] if norm_length is None else norm_length
+        check_values(norm_length, lambda n: n > 0, f"norm_length must be > 0, got {norm_length}")
+    tokens_per_row = jnp.sum(mask, axis=-1)
+    if mode == "token-mean":
+        loss_sum, count = jnp.sum(per_token), jnp.sum(tokens_per_row, dtype=jnp.int32)
+        weight = mask.astype(jnp.float32)
+    else:
+        weight = mask / jnp.maximum(tokens_per_row, 1)[:, None]
+        loss_sum = {"seq-mean-token-mean": lambda: jnp.sum(per_token * weight),
+                    "seq-mean-token-sum": lambda: jnp.sum(per_token),
+                    "seq-mean-token-sum-norm": lambda: jnp.sum(per_token) / norm_length}[mode]()
+        count = jnp.sum(tokens_per_row > 0, dtype=jnp.int32)
 
     def total(x):
-        return jnp.sum(jnp.where(present, x, 0.0))
+        return jnp.sum(jnp.where(mask, x * weight, 0.0))
 
-    token_kl = jnp.sum(jnp.where(mask, _k3(log_ratio), 0.0), axis=-1) / jnp.maximum(lengths, 1)
-    metrics = {
-        "clip_low_frac": total((advantages < 0) & (ratio < 1 - eps_low)),
-        "clip_high_frac": total((advantages > 0) & (ratio > 1 + eps_high)),
-        "approx_kl": total(token_kl),
-        "ratio_mean": total(ratio),
-        "ratio_max": jnp.max(jnp.where(present, ratio, 0.0)),
-    }
-    count = jnp.sum(present, dtype=jnp.int32)
-    return jnp.sum(per_seq).astype(jnp.float32), count, _constant(metrics)
+    return loss_sum.astype(jnp.float32), count, total
 
 
-def _constant(metrics):
+def ratio_metrics(log_ratio: jnp.ndarray, mask: jnp.ndarray, total) -> dict[str, jnp.ndarray]:
+    """Sums of the k3 estimate of KL(old || policy) (``approx_kl``) and of the ratio
+    (``ratio_mean``), weighted by ``total``, and the largest ratio of a loss token
+    (``ratio_max``), from the per-token log-ratios `[batch, seq]` (0 where masked)."""
+    ratio = jnp.exp(log_ratio)
+    return {"approx_kl": total(k3(log_ratio)), "ratio_mean": total(ratio),
+            "ratio_max": jnp.max(jnp.where(mask, ratio, 0.0))}
+
+
+def constant(metrics):
+    """The metrics as float32 constants (no gradient flows into a logged value)."""
     return {name: jax.lax.stop_gradient(value).astype(jnp.float32) for name, value in metrics.items()}
 
 
-def _k3(log_q_over_p):
+def k3(log_q_over_p):
     """Per-token k3 estimate of KL(p || q) from samples of p: q/p - log(q/p) - 1, always >= 0
     and lower-variance than -log(q/p) (Schulman, "Approximating KL divergence")."""
     return jnp.exp(log_q_over_p) - log_q_over_p - 1
 
 
-def _check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode):
+def check_inputs(logp, old_logp, advantages, mask, ref_logp=None, logits=None,
+                 loss_agg_mode="token-mean"):
+    """ValueError for inputs of the wrong shapes or an unknown aggregation mode."""
     if loss_agg_mode not in _LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {_LOSS_AGG_MODES}, got {loss_agg_mode!r}")
     shape = jnp.shape(logp)

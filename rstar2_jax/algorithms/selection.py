@@ -1,5 +1,5 @@
-"""Selections (`Algorithm.select`) that keep whole groups: the equal-reward filter and DAPO's
-overlong filter. RoC, which down-samples each group, is in `rstar2_jax.algorithms.roc`."""
+"""Selections (`Algorithm.select`) that keep whole groups: every group, the equal-reward filter
+and DAPO's overlong filter. RoC, which down-samples each group, is in `rstar2_jax.algorithms.roc`."""
 from __future__ import annotations
 
 import jax
@@ -35,8 +35,21 @@ def keep_all(key: jax.Array, rollouts: Rollouts, group_size: int) -> Selection:
     the batch. ``key`` and ``group_size`` are not used: each question's group is all n rollouts.
     """
     rewards = np.asarray(rollouts.rewards)
-    questions = np.flatnonzero(np.asarray(nonuniform_group_mask(rewards)))
-    n = rewards.shape[1]
+    return _whole_groups(np.flatnonzero(np.asarray(nonuniform_group_mask(rewards))), rewards.shape[1])
+
+
+def keep_every_group(key: jax.Array, rollouts: Rollouts, group_size: int) -> Selection:
+    """Every rollout of every question, all trained, groups of equal rewards included.
+
+    For estimators whose statistics span the whole step and count the groups that carry no
+    signal: GPG's alpha = B / (B - M) and REINFORCE++-baseline's batch whitening (a group of
+    equal rewards gets a nonzero advantage there). ``key`` and ``group_size`` are not used."""
+    questions, n = np.asarray(rollouts.rewards).shape
+    return _whole_groups(np.arange(questions), n)
+
+
+def _whole_groups(questions: np.ndarray, n: int) -> Selection:
+    """All n rollouts of each of ``questions``, one group each, all trained."""
     index = group_index(questions, np.broadcast_to(np.arange(n), (len(questions), n)), n)
     return Selection(index, np.ones(index.shape, bool))
 

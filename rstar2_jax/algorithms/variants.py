@@ -5,14 +5,24 @@ Each is a few lines on the seam; the formulas are in the docstrings of the funct
     rl.algorithm=grpo_roc                     a name below (the default)
     rl.algorithm=my_package.my_module:MINE    an Algorithm defined in your own code
 
-| name                | select                          | advantages           | loss                            |
-|---------------------|---------------------------------|----------------------|---------------------------------|
-| `grpo`              | `keep_all`                      | `grpo_advantages`    | `policy_loss` (token mean)      |
-| `grpo_roc`          | `roc_selection`, paper rule     | `grpo_advantages`    | `policy_loss` (token mean)      |
-| `grpo_roc_released` | `roc_selection`, released rule  | `grpo_advantages`    | `policy_loss` (token mean)      |
-| `dr_grpo`           | `keep_all`                      | `dr_grpo_advantages` | `policy_loss` (seq-mean-token-sum) |
-| `gspo`              | `keep_all`                      | `grpo_advantages`    | `gspo_loss`                     |
-| `dapo`              | `overlong_filtered(keep_all)`   | `grpo_advantages`    | `policy_loss` (token mean)      |
+| name                           | select             | advantages             | loss                       |
+|--------------------------------|--------------------|------------------------|----------------------------|
+| `grpo`                         | `keep_all`         | `grpo_advantages`      | `policy_loss`, token mean  |
+| `grpo_roc`                     | RoC, paper rule    | `grpo_advantages`      | `policy_loss`, token mean  |
+| `grpo_roc_released`            | RoC, released rule | `grpo_advantages`      | `policy_loss`, token mean  |
+| `dr_grpo`                      | `keep_all`         | `dr_grpo_advantages`   | `policy_loss`, seq-mean-token-sum |
+| `dr_grpo_norm`                 | `keep_all`         | `dr_grpo_advantages`   | `policy_loss`, seq-mean-token-sum-norm |
+| `gspo`                         | `keep_all`         | `grpo_advantages`      | `gspo_loss`                |
+| `dapo`                         | `overlong_filtered(keep_all)` | `grpo_advantages` | `policy_loss`, token mean |
+| `rloo`                         | `keep_all`         | `rloo_advantages`      | `policy_loss`, seq-mean-token-sum |
+| `reinforce_plus_plus_baseline` | `keep_every_group` | `reinforce_pp_baseline_advantages` | `policy_loss`, token mean |
+| `cispo`                        | `keep_all`         | `grpo_advantages`      | `cispo_loss`, token mean   |
+| `gpg`                          | `keep_every_group` | `gpg_advantages`       | `gpg_loss`, token mean     |
+| `gmpo`                         | `keep_all`         | `grpo_advantages`      | `gmpo_loss`                |
+| `sapo`                         | `keep_all`         | `grpo_advantages`      | `sapo_loss`, seq-mean-token-mean |
+
+Any of them trains with a rollout correction (``rl.rollout_correction``,
+`rstar2_jax.algorithms.correction`): it is a setting of the run, not an algorithm.
 """
 from __future__ import annotations
 
@@ -20,11 +30,19 @@ import dataclasses
 import functools
 import importlib
 
-from rstar2_jax.algorithms.advantages import dr_grpo_advantages, grpo_advantages
+from rstar2_jax.algorithms.advantages import (
+    dr_grpo_advantages,
+    gpg_advantages,
+    grpo_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
 from rstar2_jax.algorithms.algorithm import Algorithm
-from rstar2_jax.algorithms.loss import gspo_loss, policy_loss
+from rstar2_jax.algorithms.loss import policy_loss
 from rstar2_jax.algorithms.roc import roc_selection
-from rstar2_jax.algorithms.selection import keep_all, overlong_filtered
+from rstar2_jax.algorithms.selection import keep_all, keep_every_group, overlong_filtered
+from rstar2_jax.algorithms.sequence_losses import gmpo_loss, gspo_loss
+from rstar2_jax.algorithms.token_losses import cispo_loss, gpg_loss, sapo_loss
 
 # GRPO-RoC (rStar2-Agent §2.2, Eq. 6-7): RoC keeps G of 2G rollouts, A_i = (r_i - mean) / std over
 # the kept G, loss -1/sum|o_i| * sum_i sum_t min(rho A_i, clip(rho, 1 - 0.2, 1 + 0.28) A_i).
@@ -55,6 +73,42 @@ GSPO = Algorithm(select=keep_all, advantages=grpo_advantages, loss=gspo_loss)
 # filter, without re-sampling) and the loss of truncated rollouts masked (overlong filtering).
 DAPO = Algorithm(select=overlong_filtered(keep_all), advantages=grpo_advantages, loss=policy_loss)
 
+# Dr. GRPO as its authors' code runs it: the token sum of each sequence divided by a constant
+# length (here the padded row length, fixed for a run) before the mean over sequences.
+DR_GRPO_NORM = dataclasses.replace(
+    DR_GRPO, loss=functools.partial(policy_loss, loss_agg_mode="seq-mean-token-sum-norm"))
+
+# RLOO (Ahmadian et al. 2024): each reward minus the mean of the other rollouts' rewards, and
+# REINFORCE on the sequence's log-probability, the token sum per sequence averaged over
+# sequences. On policy (one update per batch) the clipped surrogate is exactly that REINFORCE;
+# it clips only on later mini-batches. verl pairs its RLOO estimator with its actor's loss
+# aggregation, token-mean by default.
+RLOO = Algorithm(select=keep_all, advantages=rloo_advantages,
+                 loss=functools.partial(policy_loss, loss_agg_mode="seq-mean-token-sum"))
+
+# REINFORCE++-baseline (Hu et al. 2025): the group mean as baseline, then the step's advantages
+# whitened over all loss tokens; PPO's clipped surrogate, token mean. Every group is kept: the
+# groups of equal rewards enter the whitening statistics and get a nonzero advantage, as in
+# verl and OpenRLHF. The paper's KL term to a reference model is off (no reference here).
+REINFORCE_PP_BASELINE = Algorithm(select=keep_every_group,
+                                  advantages=reinforce_pp_baseline_advantages, loss=policy_loss)
+
+# CISPO (MiniMax-M1, 2025): GRPO's advantage, the clipped importance weight held constant in a
+# REINFORCE loss, token mean.
+CISPO = Algorithm(select=keep_all, advantages=grpo_advantages, loss=cispo_loss)
+
+# GPG (Chu et al. 2025): the plain policy gradient with alpha-scaled group-centred advantages;
+# every group is kept, since alpha = B / (B - M) counts the groups without signal.
+GPG = Algorithm(select=keep_every_group, advantages=gpg_advantages, loss=gpg_loss)
+
+# GMPO (Zhao et al. 2025): GRPO's advantage, the geometric mean of the token ratios clipped in
+# log space at +-0.4, mean over sequences (verl's loss_mode "geo_mean").
+GMPO = Algorithm(select=keep_all, advantages=grpo_advantages, loss=gmpo_loss)
+
+# SAPO (Gao et al. 2025): GRPO's advantage, the hard clip replaced by a sigmoid gate of the
+# ratio, mean over sequences of each sequence's token mean.
+SAPO = Algorithm(select=keep_all, advantages=grpo_advantages, loss=sapo_loss)
+
 ALGORITHMS: dict[str, Algorithm] = {
     "grpo": GRPO,
     "grpo_roc": GRPO_ROC,
@@ -62,6 +116,13 @@ ALGORITHMS: dict[str, Algorithm] = {
     "dr_grpo": DR_GRPO,
     "gspo": GSPO,
     "dapo": DAPO,
+    "dr_grpo_norm": DR_GRPO_NORM,
+    "rloo": RLOO,
+    "reinforce_plus_plus_baseline": REINFORCE_PP_BASELINE,
+    "cispo": CISPO,
+    "gpg": GPG,
+    "gmpo": GMPO,
+    "sapo": SAPO,
 }
 
 

@@ -13,8 +13,8 @@ G = ``demo.rl.group_size``):
     grpo_2g     plain GRPO at GRPO-RoC's sampling budget: 2G sampled, all kept
 
 An arm is an `Arm`: an algorithm (a name of ``rstar2_jax.algorithms.ALGORITHMS`` or an import
-path ``package.module:object``) and the rollouts it samples per question, in units of G; e.g.
-``arms.mine.algorithm=my_module:MINE``. Files (``<out>/``)::
+path ``package.module:object``), the rollouts it samples per question, in units of G, and its
+rollout correction; e.g. ``arms.mine.algorithm=my_module:MINE``. Files (``<out>/``)::
 
     config.yaml                     the grid's settings
     seed<S>/                        the SFT job of seed S; its RL runs in seed<S>/rl/<arm>/
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from rstar2_jax.algorithms import resolve_algorithm
+from rstar2_jax.algorithms import RolloutCorrection, resolve_algorithm
 from rstar2_jax.config import config_to_dict, config_to_yaml
 from rstar2_jax.plots import RL_PANELS, plot_bands
 from rstar2_jax.runtime import RolloutRuntime
@@ -66,11 +66,14 @@ class Arm:
       oversample: rollouts sampled per question, in units of G (``demo.rl.group_size``): 2 for
         GRPO-RoC's 2G, 1 for "GRPO with tool".
       label: the legend and table label (default: the arm's name).
+      rollout_correction: the arm's ``rl.rollout_correction`` (off by default), e.g.
+        ``arms.tis.rollout_correction.weights=token``.
     """
 
     algorithm: str = "grpo_roc"
     oversample: int = 2
     label: str = ""
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
     def __post_init__(self):
         if self.oversample < 1:
@@ -152,10 +155,12 @@ class TestbedConfig:
         return dataclasses.replace(self.demo, out=str(Path(self.out) / f"seed{seed}"), seed=seed)
 
     def arm_config(self, seed: int, name: str) -> DemoConfig:
-        """``seed_config(seed)`` with arm ``name``'s algorithm and rollouts per question."""
+        """``seed_config(seed)`` with arm ``name``'s algorithm, rollouts per question and rollout
+        correction."""
         arm, base = self.arms[name], self.seed_config(seed)
         rl = dataclasses.replace(base.rl, algorithm=arm.algorithm,
-                                 rollouts_per_question=arm.oversample * base.rl.group_size)
+                                 rollouts_per_question=arm.oversample * base.rl.group_size,
+                                 rollout_correction=arm.rollout_correction)
         return dataclasses.replace(base, rl=rl)
 
     def label(self, name: str) -> str:

@@ -17,7 +17,7 @@ import jax
 from omegaconf import MISSING
 
 from rstar2_jax import chat
-from rstar2_jax.algorithms import resolve_algorithm
+from rstar2_jax.algorithms import RolloutCorrection, resolve_algorithm
 from rstar2_jax.model import ModelConfig
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 
@@ -187,6 +187,16 @@ class RLConfig:
     advantages and defines the loss: a name of ``rstar2_jax.algorithms.ALGORITHMS`` or an import
     path ``package.module:object``. The kept rollouts are split into ``mini_batches`` optimizer
     updates, each accumulated over micro-batches of ``micro_batch_size`` rows.
+
+    ``rollout_correction`` corrects the update of any algorithm for the gap between the
+    sampler's log-probs and the trainer's (importance weights, masking; off by default:
+    `rstar2_jax.algorithms.RolloutCorrection`). ``first_step_gap_limit`` guards the first
+    update of a run: when the log-perplexity of its rollouts under the trainer and under the
+    sampler differ by more (nats per token, averaged over sequences:
+    ``logprob_mismatch/log_ppl_abs_diff``), the run stops before the update, naming the likely
+    causes. bfloat16 serving of a dense model stays far below the default 0.05 (the toy:
+    ~0.001); a sampling temperature other than ``temperature`` (the toy: 0.05 at 0.5 against
+    1.0, 0.3 at 1.5) or weights from another checkpoint go above it; None turns the check off.
     """
 
     questions_per_step: int = 512
@@ -199,6 +209,8 @@ class RLConfig:
     micro_batch_size: int | None = None
     logprob_chunk: int = 256  # sequence positions per chunk of the [batch, chunk, vocab] logits
     remat: bool = False
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    first_step_gap_limit: float | None = 0.05
 
     def __post_init__(self):
         _check(self.questions_per_step >= 1,
@@ -215,6 +227,8 @@ class RLConfig:
         _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
                f"rl.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _check(self.logprob_chunk >= 1, f"rl.logprob_chunk must be >= 1, got {self.logprob_chunk}")
+        _check(self.first_step_gap_limit is None or self.first_step_gap_limit > 0,
+               f"rl.first_step_gap_limit must be > 0 or null, got {self.first_step_gap_limit}")
 
 
 @dataclass(frozen=True)

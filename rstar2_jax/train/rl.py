@@ -7,7 +7,9 @@ One RL step, for `questions_per_step` questions (docs/algorithms.md):
                   the rollouts still running); a truncated rollout scores 0
     selection     the algorithm's: for GRPO-RoC, drop questions whose 2G rewards are all
                   equal, RoC down to G; then the algorithm's advantages
-    update        old log-probs by the training forward, the algorithm's loss, optax
+    update        old log-probs by the training forward (the first update of a run stops
+                  if they disagree with the sampler's: rl.first_step_gap_limit), the
+                  rollout correction if any, the algorithm's loss, optax
 
 The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
 one passed to `run_rl`.
@@ -32,7 +34,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
-from rstar2_jax.errors import ConfigError
+from rstar2_jax.errors import ConfigError, MismatchError
 from rstar2_jax.hosts import gather, serving_params, share as host_share
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
@@ -42,6 +44,7 @@ from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import (
     check_algorithm,
+    check_trained_ids,
     make_batch,
     rollout_arrays,
     rollout_metrics,
@@ -78,6 +81,7 @@ class RLLoop:
     verifier: VerifierPool
     update: RLUpdate
     pad_id: int
+    checked_mismatch: bool = False  # the first update of this process's run checks the gap
 
     def step(self, state: TrainState, step: int, rng: jax.Array) -> tuple[TrainState, dict]:
         rl = self.config.rl
@@ -114,7 +118,10 @@ class RLLoop:
             batch = make_batch(trajs, mine, pad_id=self.pad_id,
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
                                rows=bucket(most, minimum=1))
-            state, update_metrics = self.update(state, batch)
+            check_trained_ids(batch, trajs, mine, self._encode_tool_response)
+            check = None if self.checked_mismatch else self._check_mismatch
+            state, update_metrics = self.update(state, batch, check=check)
+            self.checked_mismatch = True
             metrics |= update_metrics
         else:
             log.info("step %d: the selection kept no rollout to train on; no update", step + 1)
@@ -124,6 +131,29 @@ class RLLoop:
         # state's step counts RL steps, the optimizer keeps its own count for the schedule.
         state = state._replace(step=_set_step(state.step, step + 1))
         return state, {k: float(v) for k, v in metrics.items()}
+
+
+    def _encode_tool_response(self, text: str) -> list[int]:
+        return chat.encode_tool_response(self.tokenizer, text, self.fmt)
+
+    def _check_mismatch(self, stats: dict[str, float]) -> None:
+        """Stops the run (MismatchError) when the sampler's and the trainer's log-probs of the
+        first update's tokens disagree beyond ``rl.first_step_gap_limit``."""
+        limit, gap = self.config.rl.first_step_gap_limit, stats["logprob_mismatch/log_ppl_abs_diff"]
+        if limit is None or gap <= limit:
+            return
+        rl, rollout = self.config.rl, self.config.rollout
+        raise MismatchError(
+            f"the sampler and the trainer disagree on the first update's tokens: their "
+            f"log-perplexities differ by {gap:.3g} nats per token (mean over sequences) > "
+            f"rl.first_step_gap_limit={limit:g} (KL(sampler || trainer) "
+            f"{stats['logprob_mismatch/kl']:.3g}, token ratio trainer/sampler from "
+            f"{stats['logprob_mismatch/ratio_min']:.3g} to {stats['logprob_mismatch/ratio_max']:.3g}); "
+            f"likely causes: the sampler drew at another temperature than the "
+            f"rl.temperature={rl.temperature:g} the trainer divides by, it served other weights "
+            f"than the trainer's (another checkpoint), or rollout.serving_dtype="
+            f"{rollout.serving_dtype} is too coarse for this model; raise rl.first_step_gap_limit, "
+            f"or set it to null, if the gap is expected")
 
 
 @jax.jit
@@ -148,7 +178,8 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
                           f"evenly over the run's {jax.process_count()} processes")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
-    check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size)
+    check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size,
+                    token_advantages=config.rl.rollout_correction.weights != "none")
     if runtime is None:
         with RolloutRuntime(config.rollout) as runtime:
             return _run_rl(config, algorithm, runtime, on_step, progress)

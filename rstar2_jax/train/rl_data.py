@@ -7,7 +7,7 @@ arrays, `rstar2_jax.algorithms`); nothing here touches the model or knows which 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -98,11 +98,15 @@ def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
     return KeptRollouts(index[trains].astype(np.int64), advantages[trains], index.shape[0])
 
 
-def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int) -> None:
+def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int, *,
+                    token_advantages: bool = False) -> None:
     """Runs the algorithm's three functions on a tiny made-up step (two questions, one with
     mixed rewards; one row of loss tokens) so that a mistake in them, or a selection that
-    cannot work with these sizes, fails before the first rollout. Raises ConfigError for
-    sizes the selection cannot work with, ValueError for a loss of the wrong form."""
+    cannot work with these sizes, fails before the first rollout. With ``token_advantages``
+    (a rollout correction with importance weights) the loss is also given `[rows, seq]`
+    advantages, as the update will. Raises ConfigError for sizes the selection cannot work
+    with or a loss that cannot take per-token advantages, ValueError for a loss of the wrong
+    form."""
     n = rollouts_per_question
     rewards = np.zeros((2, n), np.float32)
     rewards[1, : n // 2 or 1] = 1.0
@@ -116,11 +120,67 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
         raise ConfigError(f"the algorithm cannot run with rl.rollouts_per_question={n} and "
                          f"rl.group_size={group_size}: {e}") from None
     logp = jnp.full((2, 3), -1.0)
-    out = algorithm.loss(logp, logp, jnp.array([1.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]], bool))
+    mask = jnp.array([[1, 1, 0], [0, 0, 0]], bool)
+    out = algorithm.loss(logp, logp, jnp.array([1.0, -1.0]), mask)
     if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], dict)
             and jnp.ndim(out[0]) == 0 and jnp.ndim(out[1]) == 0):
         raise ValueError("the algorithm's loss must return (loss_sum, count, metric_sums): two "
                          "scalars and a dict of scalars")
+    if token_advantages:
+        try:
+            algorithm.loss(logp, logp, jnp.array([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]]), mask)
+        except Exception as e:
+            raise ConfigError(f"rl.rollout_correction.weights gives the loss per-token advantages "
+                              f"[rows, seq], which the algorithm's loss does not take "
+                              f"({type(e).__name__}: {e})") from None
+
+
+def check_trained_ids(batch: dict[str, np.ndarray], trajs: Sequence[Trajectory],
+                      kept: KeptRollouts, encode_tool_response: Callable[[str], list[int]]) -> None:
+    """Checks that the rows the update trains on are exactly what the sampler drew.
+
+    For each kept rollout (row ``r`` of ``batch``, from `make_batch`) and its trajectory: the
+    row's tokens are the prompt ids followed by the response ids, then padding; its loss mask
+    is 1 exactly on the model's turns (``turn_spans``) and its sampler log-probs are theirs;
+    the turns are in order, and what lies between turn k and turn k + 1 is exactly
+    ``encode_tool_response`` of the tool output shown after turn k (``tool_calls``), so no
+    token of a tool output is trained on and no sampled token is lost or shifted at a turn
+    boundary; nothing follows the last turn. Raises ValueError naming the rollout and what
+    differs (a bug in the sampler or the batching, never the user's input).
+    """
+    for row, index in enumerate(kept.index):
+        t = trajs[index]
+        where = f"rollout {index} (question {t.prompt_index}, sample {t.sample_index})"
+        p, n = len(t.prompt_ids), len(t.response_ids)
+        tokens, attention = batch["tokens"][row], batch["attention_mask"][row]
+        if (not np.array_equal(tokens[:p + n], t.prompt_ids + t.response_ids)
+                or not np.all(attention[:p + n] == 1) or np.any(attention[p + n:])):
+            raise ValueError(f"{where}: the training row's tokens are not the sampled prompt and "
+                             "response followed by padding")
+        expected_mask = np.zeros(tokens.shape, np.int32)
+        for start, end in t.turn_spans:
+            expected_mask[p + start:p + end] = 1
+        if not (np.array_equal(batch["loss_mask"][row], expected_mask)
+                and np.array_equal(t.loss_mask, expected_mask[p:p + n])):
+            raise ValueError(f"{where}: the loss mask is not 1 exactly on the model's turns")
+        if not np.array_equal(batch["sampler_logp"][row, p:p + n], np.float32(t.logprobs)):
+            raise ValueError(f"{where}: the training row's sampler log-probs are not the trajectory's")
+        responses = {call.turn: call.response_text for call in t.tool_calls}
+        ends = [0] + [end for _, end in t.turn_spans]
+        starts = [start for start, _ in t.turn_spans] + [n]
+        for turn, (gap_start, gap_end) in enumerate(zip(ends, starts)):
+            gap = t.response_ids[gap_start:gap_end]
+            if 0 < turn < len(t.turn_spans):  # between turns: the output of turn - 1's call
+                if turn - 1 not in responses:
+                    raise ValueError(f"{where}: model turns {turn - 1} and {turn} follow each "
+                                     "other without a tool call between them")
+                expected = encode_tool_response(responses[turn - 1])
+                what = f"the tool output shown after turn {turn - 1}"
+            else:
+                expected, what = [], "none (before the first turn or after the last)"
+            if gap != expected:
+                raise ValueError(f"{where}: response positions [{gap_start}, {gap_end}) hold "
+                                 f"{len(gap)} tokens, but the tokens there should be {what}")
 
 
 def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,

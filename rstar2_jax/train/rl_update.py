@@ -10,10 +10,12 @@ Input, one row per kept rollout, every per-token array aligned with ``tokens``::
 
 The update (1) recomputes the old log-probs with the training forward, since the sampler's
 numerics differ slightly from the trainer's and the ratio must start at exactly 1; their gap is
-reported as the sampler/trainer mismatch; (2) splits the rows into ``mini_batches`` and takes
-one optimizer step per mini-batch with the algorithm's policy loss, accumulated exactly over
-micro-batches. With one mini-batch (the released recipe) the ratio is 1 and nothing is clipped;
-with more, later mini-batches see a moved policy and clipping starts to act.
+reported as the sampler/trainer mismatch, and ``rl.rollout_correction`` turns it into importance
+weights on the advantages and a narrower loss mask (`rstar2_jax.algorithms.correction`);
+(2) splits the rows into ``mini_batches`` and takes one optimizer step per mini-batch with the
+algorithm's policy loss, accumulated exactly over micro-batches. With one mini-batch (the
+released recipe) the ratio is 1 and nothing is clipped; with more, later mini-batches see a
+moved policy and clipping starts to act.
 
 Every distinct (rows, seq) shape compiles once; bucket them in the caller.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +31,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.algorithms import resolve_algorithm
+from rstar2_jax.algorithms import apply_correction, mismatch_metrics, resolve_algorithm
 from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
@@ -51,9 +53,10 @@ def _shift(batch: dict) -> dict:
 def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig,
             loss: LossFn | None = None):
     """``(loss_sum, count, metric_sums)`` of the policy loss on a micro-batch of shifted rows
-    (see :func:`_shift`) that also carry ``old_logp`` [rows, seq-1]: the trainer's log-probs go
-    to ``loss`` (default: the loss of the algorithm ``config.algorithm`` names), whose result
-    is the train step's contract as it is."""
+    (see :func:`_shift`) that also carry ``old_logp`` [rows, seq-1] (and, under a rollout
+    correction, per-token ``advantages`` [rows, seq-1] and its narrowed ``mask``): the trainer's
+    log-probs go to ``loss`` (default: the loss of the algorithm ``config.algorithm`` names),
+    whose result is the train step's contract as it is."""
     if loss is None:
         loss = resolve_algorithm(config.algorithm).loss
     logp = token_logprobs(params, model_config, mb["inputs"], mb["targets"],
@@ -88,10 +91,6 @@ def _lengths(attention_mask):
     return jnp.sum(attention_mask, axis=1, dtype=jnp.int32)
 
 
-def _masked_mean(x, mask):
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
-
-
 class RLUpdate:
     """``update(state, batch) -> (state, metrics)`` for one RL step; compiled once per shape.
 
@@ -100,11 +99,12 @@ class RLUpdate:
 
     Metrics: ``loss``, ``tokens`` (loss tokens of the step), ``grad_norm`` (mean over
     mini-batches), ``lr`` (last update), ``entropy`` (of the policy before the update,
-    nats/token), ``logprob_mismatch/abs`` (mean |sampler - trainer| log-prob),
-    ``logprob_mismatch/kl`` (k3 estimate of KL(sampler || trainer) per token), all token means
-    over the step; and every metric of the loss (GRPO-RoC's: ``clip_low_frac``,
-    ``clip_high_frac``, ``approx_kl``, ``ratio_mean``, ``ratio_max``), averaged as the loss
-    averages (over the step's tokens or sequences).
+    nats/token), the sampler/trainer gap ``logprob_mismatch/*`` (``abs``, ``kl``,
+    ``log_ppl_diff``, ``log_ppl_abs_diff``, ``ratio_max``, ``ratio_min``:
+    `rstar2_jax.algorithms.mismatch_metrics`), what ``rl.rollout_correction`` did
+    (``rollout_correction/*``: `rstar2_jax.algorithms.apply_correction`); and every metric of
+    the loss (GRPO-RoC's: ``clip_low_frac``, ``clip_high_frac``, ``approx_kl``, ``ratio_mean``,
+    ``ratio_max``), averaged as the loss averages (over the step's tokens or sequences).
     """
 
     def __init__(self, model_config: ModelConfig, config: RLConfig,
@@ -133,9 +133,13 @@ class RLUpdate:
         per_update = self.config.micro_batch_size or self._fsdp
         return self.config.mini_batches * per_update
 
-    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, float]]:
+    def __call__(self, state: TrainState, batch: dict, *,
+                 check: Callable[[dict[str, float]], None] | None = None,
+                 ) -> tuple[TrainState, dict[str, float]]:
         """``batch``: this process's rows (all of them on one process), the same row count on
-        every process; the update trains on all processes' rows."""
+        every process; the update trains on all processes' rows. ``check``, if given, is called
+        with the mismatch and correction metrics of the step (all processes' rows) before any
+        optimizer step: it may raise to stop the run with the params untouched."""
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
         shifted = place_batch(_shift(batch), self.mesh)
         tokens = float(_count(shifted["mask"]))  # of all processes
@@ -148,29 +152,33 @@ class RLUpdate:
         chunks = micro * self.config.mini_batches
         if chunks not in self._old_passes:
             self._old_passes[chunks] = self._old_pass(chunks)
-        old_logp, stats = self._old_passes[chunks](state.params, shifted)
+        update_rows, stats = self._old_passes[chunks](state.params, shifted)
+        stats = {k: float(v) for k, v in jax.device_get(stats).items()}
+        if check is not None:
+            check(stats)
         if micro not in self._steps:
             self._steps[micro] = self._make_step(micro)
         step_fn = self._steps[micro]
         per_update = []
-        update_rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
-        update_rows["old_logp"] = old_logp
         for j in range(self.config.mini_batches):
             state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
-        return state, (_combine(per_update) | {"tokens": tokens}
-                       | {k: float(v) for k, v in jax.device_get(stats).items()})
+        return state, _combine(per_update) | {"tokens": tokens} | stats
 
     def _old_pass(self, chunks: int):
+        """Jitted ``(params, shifted) -> (update rows, stats)``: the rows the optimizer steps
+        train on (the sampler's log-probs replaced by the trainer's ``old_logp``; advantages
+        and mask as the rollout correction leaves them) and the step's statistics."""
         def run(params, shifted):
             logp, entropy = _old_logprobs(params, shifted, model_config=self.model_config,
                                           config=self.config, chunks=chunks)
-            mask = shifted["mask"]
-            gap = jnp.where(mask, logp - shifted["sampler_logp"], 0.0)  # log(p_trainer / p_sampler)
-            stats = {"entropy": _masked_mean(entropy, mask),
-                     "logprob_mismatch/abs": _masked_mean(jnp.abs(gap), mask),
-                     "logprob_mismatch/kl": _masked_mean(jnp.exp(gap) - gap - 1.0, mask)}
-            return logp, stats
+            mask, sampler_logp = shifted["mask"], shifted["sampler_logp"]
+            advantages, loss_mask, corrected = apply_correction(
+                self.config.rollout_correction, shifted["advantages"], logp, sampler_logp, mask)
+            stats = ({"entropy": jnp.sum(jnp.where(mask, entropy, 0.0)) / jnp.maximum(jnp.sum(mask), 1)}
+                     | mismatch_metrics(logp, sampler_logp, mask) | corrected)
+            rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
+            return rows | {"old_logp": logp, "advantages": advantages, "mask": loss_mask}, stats
 
         return jax.jit(run, in_shardings=(self._param_shardings, self._rows),
                        out_shardings=(self._rows, NamedSharding(self.mesh, P())))
