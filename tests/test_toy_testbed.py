@@ -14,6 +14,7 @@ from rstar2_jax.toy.testbed import (
     ERROR_RATIO,
     TRACKED,
     Arm,
+    metrics_table,
     result_path,
     run_testbed,
     spread,
@@ -125,11 +126,33 @@ def test_summary_marks_missing_and_partial_seeds():
     assert "| GRPO with tool (G sampled, all kept) | 2 | 50.0% [50.0, 50.0] | 90.0% [90.0, 90.0] | missing | missing |" in table
 
 
+def test_metrics_table_averages_steps_then_spreads_over_seeds(grid):
+    cfg, summary = grid
+    table = metrics_table(cfg, ["reward/mean", "response/length_mean", "rollout_correction/weight_mean"])
+    lines = table.splitlines()
+    assert lines[0] == ("| arm | seeds | held-out pass@1 gain (points) | reward/mean | response/length_mean | "
+                        "rollout_correction/weight_mean |")
+    row = next(line for line in lines if line.startswith("| GRPO-RoC (2G sampled, G kept) | 2 |"))
+    cells = [c.strip() for c in row.split("|")[3:-1]]
+    runs = [json.loads(result_path(cfg.out, "grpo_roc", s).read_text()) for s in cfg.seeds]
+    sft = [json.loads(result_path(cfg.out, "sft", s).read_text())["eval"]["pass_at"]["1"] for s in cfg.seeds]
+    gains = [100 * (r["eval"]["pass_at"]["1"] - p) for r, p in zip(runs, sft)]
+    assert cells[0] == f"{sum(gains) / 2:.3g} [{min(gains):.3g}, {max(gains):.3g}]"
+    for cell, key in zip(cells[1:3], ["reward/mean", "response/length_mean"]):
+        means = [sum(m[key] for m in r["metrics"]) / len(r["metrics"]) for r in runs]
+        assert cell == f"{sum(means) / 2:.3g} [{min(means):.3g}, {max(means):.3g}]"
+    assert cells[3] == "n/a"  # no rollout correction: no step logged it
+
+
 def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
     cfg = load_config(Config, overrides=[
         f"out={tmp_path}", "seeds=[3,4]", "arms.dr.algorithm=dr_grpo", "arms.dr.oversample=1",
-        "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.rl_steps=5"])
-    assert list(cfg.arms) == ["grpo_roc", "grpo_tool", "grpo_2g", "dr", "mine"]
+        "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.rl_steps=5",
+        "arms.tis.rollout_correction.weights=token", "arms.tis.rollout_correction.weight_cap=3"])
+    assert list(cfg.arms) == ["grpo_roc", "grpo_tool", "grpo_2g", "dr", "mine", "tis"]
+    correction = cfg.arm_config(3, "tis").rl.rollout_correction
+    assert (correction.weights, correction.weight_cap) == ("token", 3.0)
+    assert cfg.arm_config(3, "dr").rl.rollout_correction.weights == "none"
     assert cfg.arm_config(4, "dr").rl.rollouts_per_question == cfg.demo.rl.group_size
     assert cfg.arm_config(4, "grpo_2g").rl.rollouts_per_question == 2 * cfg.demo.rl.group_size
     assert cfg.arm_config(4, "mine").out == os.path.join(str(tmp_path), "seed4")

@@ -376,3 +376,28 @@ def write_report(cfg: TestbedConfig) -> dict:
         plot_bands(curves, out / "error_ratio_positives.png",
                    panels=[p for p in RL_PANELS if p[0] == ERROR_RATIO])
     return summary
+
+
+def metrics_table(cfg: TestbedConfig, metrics: Sequence[str]) -> str:
+    """A markdown table of the finished runs of ``cfg``: per arm, the held-out avg pass@1 after
+    RL minus after SFT of the same seed (points), and each of ``metrics`` averaged over a run's
+    RL steps (skipping steps that did not log it); cells mean [min, max] over seeds, "n/a" when
+    no seed logged it. ``experiments/toy/testbed_metrics.py`` prints it."""
+    results = load_results(cfg)
+    sft = {r["seed"]: r["eval"]["pass_at"]["1"] for r in results["sft"]}
+    columns = ["held-out pass@1 gain (points)", *metrics]
+    lines = ["| arm | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+
+    def cell(s: dict, n: int) -> str:
+        if s["mean"] is None:
+            return "n/a"
+        text = f"{s['mean']:.3g} [{s['min']:.3g}, {s['max']:.3g}]"
+        return text if s["seeds"] == n else f"{text} ({s['seeds']}/{n} seeds)"
+
+    for name in cfg.arms:
+        runs = [r for r in results[name] if r["seed"] in sft]
+        cells = [cell(spread([100 * (r["eval"]["pass_at"]["1"] - sft[r["seed"]]) for r in runs]), len(runs))]
+        cells += [cell(spread([window_mean(r["metrics"], key, first=len(r["metrics"])) for r in runs]),
+                       len(runs)) for key in metrics]
+        lines.append(f"| {cfg.label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
