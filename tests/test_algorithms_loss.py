@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loss_batches import random_batch
 from rstar2_jax.algorithms import policy_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -41,15 +42,6 @@ def test_dual_clip_caps_negative_advantage_tokens():
     assert float(one_token(5.0, -1.0, dual_clip=3.0)[0]) == pytest.approx(3.0, rel=1e-6)
     assert float(one_token(2.0, -1.0, dual_clip=3.0)[0]) == pytest.approx(2.0, rel=1e-6)
     assert float(one_token(5.0, 1.0, dual_clip=3.0)[0]) == pytest.approx(-1.28, rel=1e-6)
-
-
-def random_batch(seed, batch=4, seq=6, ratio_spread=0.4):
-    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
-    old = -jax.random.uniform(k1, (batch, seq), minval=0.1, maxval=4.0)
-    logp = old + jax.random.uniform(k2, (batch, seq), minval=-ratio_spread, maxval=ratio_spread)
-    adv = jax.random.normal(k3, (batch,))
-    mask = jax.random.bernoulli(k4, 0.7, (batch, seq)).at[:, 0].set(True)
-    return logp, old, adv, mask
 
 
 def mean_loss(logp, old, adv, mask, **kwargs):

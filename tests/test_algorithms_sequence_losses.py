@@ -6,16 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from loss_batches import random_batch
 from rstar2_jax.algorithms import gmpo_loss, gspo_loss
-
-
-def random_batch(seed, batch=4, seq=6, ratio_spread=0.4):
-    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
-    old = -jax.random.uniform(k1, (batch, seq), minval=0.1, maxval=4.0)
-    logp = old + jax.random.uniform(k2, (batch, seq), minval=-ratio_spread, maxval=ratio_spread)
-    adv = jax.random.normal(k3, (batch,))
-    mask = jax.random.bernoulli(k4, 0.7, (batch, seq)).at[:, 0].set(True)
-    return logp, old, adv, mask
 
 
 def test_gspo_closed_form():
@@ -50,26 +42,6 @@ def test_gspo_gradient_is_sequence_level():
     s0 = np.exp((1e-4 - 1e-4 + 2e-4) / 3)
     np.testing.assert_allclose(grad[0], [-0.7 * s0 / 3 / 2] * 3 + [0.0], rtol=1e-5)
     np.testing.assert_array_equal(grad[1], 0.0)  # s = e^0.5, A > 0: clipped
-
-
-def test_gspo_accumulates_exactly_and_ignores_masked_values():
-    logp, old, adv, mask = random_batch(8, batch=6, seq=5, ratio_spread=1e-3)
-    mask = mask.at[3].set(False)
-
-    def full(lp):
-        s, c, _ = gspo_loss(lp, old, adv, mask)
-        return s / c
-
-    def split(lp):
-        parts = [gspo_loss(lp[s], old[s], adv[s], mask[s]) for s in (slice(0, 2), slice(2, 6))]
-        return sum(p[0] for p in parts) / sum(p[1] for p in parts)
-
-    np.testing.assert_allclose(jax.grad(split)(logp), jax.grad(full)(logp), rtol=1e-6, atol=1e-9)
-    noisy = [jnp.where(mask, x, jnp.nan) for x in (logp, old)]
-    np.testing.assert_array_equal(gspo_loss(*noisy, adv, mask)[0], gspo_loss(logp, old, adv, mask)[0])
-    # Per-token advantages enter as their mean over the sequence's loss tokens.
-    by_token = gspo_loss(logp, old, jnp.broadcast_to(adv[:, None], logp.shape), mask)[0]
-    np.testing.assert_allclose(by_token, gspo_loss(logp, old, adv, mask)[0], rtol=1e-6)
 
 
 def test_gmpo_closed_form_and_gradient():
@@ -108,22 +80,27 @@ def test_gmpo_clips_only_the_side_that_grows_the_objective():
     assert float(grad[0, 0]) == pytest.approx(-np.exp(-0.6), rel=1e-6)
 
 
-def test_gmpo_accumulates_exactly_and_ignores_masked_values():
-    logp, old, adv, mask = random_batch(4, batch=6, seq=5, ratio_spread=0.8)
-    mask = mask.at[2].set(False)
+@pytest.mark.parametrize("loss, spread", [(gspo_loss, 1e-3), (gmpo_loss, 0.8)], ids=["gspo", "gmpo"])
+def test_micro_batches_accumulate_exactly_and_masked_values_are_ignored(loss, spread):
+    logp, old, adv, mask = random_batch(8, batch=6, seq=5, ratio_spread=spread)
+    mask = mask.at[3].set(False)
 
     def full(lp):
-        s, c, _ = gmpo_loss(lp, old, adv, mask)
+        s, c, _ = loss(lp, old, adv, mask)
         return s / c
 
     def split(lp):
-        parts = [gmpo_loss(lp[s], old[s], adv[s], mask[s]) for s in (slice(0, 3), slice(3, 6))]
+        parts = [loss(lp[s], old[s], adv[s], mask[s]) for s in (slice(0, 2), slice(2, 6))]
         return sum(p[0] for p in parts) / sum(p[1] for p in parts)
 
     np.testing.assert_allclose(jax.grad(split)(logp), jax.grad(full)(logp), rtol=1e-6, atol=1e-9)
     noisy = [jnp.where(mask, x, jnp.nan) for x in (logp, old)]
-    np.testing.assert_array_equal(jax.grad(lambda lp: gmpo_loss(lp, noisy[1], adv, mask)[0])(noisy[0]),
-                                  jax.grad(lambda lp: gmpo_loss(lp, old, adv, mask)[0])(logp))
+    np.testing.assert_array_equal(loss(*noisy, adv, mask)[0], loss(logp, old, adv, mask)[0])
+    np.testing.assert_array_equal(jax.grad(lambda lp: loss(lp, noisy[1], adv, mask)[0])(noisy[0]),
+                                  jax.grad(lambda lp: loss(lp, old, adv, mask)[0])(logp))
+    # Per-token advantages enter as their mean over the sequence's loss tokens.
+    by_token = loss(logp, old, jnp.broadcast_to(adv[:, None], logp.shape), mask)[0]
+    np.testing.assert_allclose(by_token, loss(logp, old, adv, mask)[0], rtol=1e-6)
 
 
 def verl_gspo(logp, old, adv, mask, lo=3e-4, hi=4e-4):

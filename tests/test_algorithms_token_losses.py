@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from loss_batches import random_batch
 from rstar2_jax.algorithms import cispo_loss, gpg_loss, sapo_loss
 
 LOSSES = {"cispo": cispo_loss, "gpg": gpg_loss, "sapo": sapo_loss}
@@ -72,19 +73,10 @@ def test_sapo_averages_per_sequence_then_over_sequences():
     assert int(count) == 2 and float(loss_sum) / 2 == pytest.approx(-3.0, rel=1e-6)
 
 
-def random_batch(seed, batch=5, seq=7, spread=0.5):
-    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
-    old = -jax.random.uniform(k1, (batch, seq), minval=0.1, maxval=4.0)
-    logp = old + jax.random.uniform(k2, (batch, seq), minval=-spread, maxval=spread)
-    adv = jax.random.normal(k3, (batch,))
-    mask = jax.random.bernoulli(k4, 0.7, (batch, seq)).at[:, 0].set(True)
-    return logp, old, adv, mask
-
-
 @pytest.mark.parametrize("name", LOSSES)
 def test_micro_batches_accumulate_exactly_and_masked_values_are_ignored(name):
     loss = LOSSES[name]
-    logp, old, adv, mask = random_batch(1, batch=6)
+    logp, old, adv, mask = random_batch(1, batch=6, seq=7, ratio_spread=0.5)
     mask = mask.at[4].set(False)
     full = jax.value_and_grad(functools.partial(mean, loss))(logp, old, adv, mask)
 
@@ -141,7 +133,7 @@ def verl_loss_matrix(name, logp, old, adv, weights):
                                         ("sapo", "seq-mean-token-mean"), ("gpg", "seq-mean-token-sum"),
                                         ("cispo", "seq-mean-token-sum-norm")])
 def test_values_match_verls_formulas(name, mode):
-    logp, old, adv, mask = (np.asarray(x, np.float64) for x in random_batch(7, spread=0.6))
+    logp, old, adv, mask = (np.asarray(x, np.float64) for x in random_batch(7, batch=5, seq=7, ratio_spread=0.6))
     mask = mask.astype(bool)
     adv_tokens = np.broadcast_to(adv[:, None], mask.shape)
     expected = agg(verl_loss_matrix(name, logp, old, adv_tokens, 1.0), mask, mode)

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import DAPO, GRPO, GRPO_ROC, Algorithm, Selection
+from rstar2_jax.algorithms import ALGORITHMS, DAPO, GRPO, GRPO_ROC, Algorithm, Selection, policy_loss
+from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler.rollout import ToolCallRecord, Trajectory
 from rstar2_jax.sandbox import ExecResult, render_result
 from rstar2_jax.train.rl_data import (
@@ -129,6 +130,25 @@ def test_check_algorithm_fails_before_any_rollout():
     broken = dataclasses.replace(GRPO, loss=lambda logp, old, adv, mask: jnp.sum(logp))
     with pytest.raises(ValueError, match=r"\(loss_sum, count, metric_sums\)"):
         check_algorithm(broken, rollouts_per_question=4, group_size=2)
+
+
+def per_rollout_only(logp, old, adv, mask):
+    """A loss written for [rows] advantages: per-token ones broadcast to [rows, rows, seq]."""
+    per_token = jnp.where(mask, -adv[:, None] * logp, 0.0)
+    return jnp.sum(per_token), jnp.sum(mask, dtype=jnp.int32), {}
+
+
+def test_a_rollout_correction_needs_a_loss_that_takes_per_token_advantages():
+    for name in ALGORITHMS:
+        check_algorithm(ALGORITHMS[name], rollouts_per_question=8, group_size=4, token_advantages=True)
+    mine = dataclasses.replace(GRPO, loss=per_rollout_only)
+    check_algorithm(mine, rollouts_per_question=4, group_size=2)  # fine without weights
+    with pytest.raises(ConfigError, match=r"per-token advantages \[rows, seq\].*loss_sum"):
+        check_algorithm(mine, rollouts_per_question=4, group_size=2, token_advantages=True)
+    refuses = dataclasses.replace(GRPO, loss=lambda logp, old, adv, mask: (
+        policy_loss(logp, old, adv, mask) if adv.ndim == 1 else 1 / 0))
+    with pytest.raises(ConfigError, match="ZeroDivisionError"):
+        check_algorithm(refuses, rollouts_per_question=4, group_size=2, token_advantages=True)
 
 
 def test_error_ratios_are_missing_not_zero_when_undefined():

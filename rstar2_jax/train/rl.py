@@ -132,7 +132,6 @@ class RLLoop:
         state = state._replace(step=_set_step(state.step, step + 1))
         return state, {k: float(v) for k, v in metrics.items()}
 
-
     def _encode_tool_response(self, text: str) -> list[int]:
         return chat.encode_tool_response(self.tokenizer, text, self.fmt)
 

@@ -104,9 +104,9 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     mixed rewards; one row of loss tokens) so that a mistake in them, or a selection that
     cannot work with these sizes, fails before the first rollout. With ``token_advantages``
     (a rollout correction with importance weights) the loss is also given `[rows, seq]`
-    advantages, as the update will. Raises ConfigError for sizes the selection cannot work
-    with or a loss that cannot take per-token advantages, ValueError for a loss of the wrong
-    form."""
+    advantages, as the update will, and must return what it returns for the same values as
+    `[rows]`. Raises ConfigError for sizes the selection cannot work with or a loss that does
+    not take per-token advantages, ValueError for a loss of the wrong form."""
     n = rollouts_per_question
     rewards = np.zeros((2, n), np.float32)
     rewards[1, : n // 2 or 1] = 1.0
@@ -119,20 +119,27 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     except ValueError as e:
         raise ConfigError(f"the algorithm cannot run with rl.rollouts_per_question={n} and "
                          f"rl.group_size={group_size}: {e}") from None
-    logp = jnp.full((2, 3), -1.0)
+    logp = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]])
     mask = jnp.array([[1, 1, 0], [0, 0, 0]], bool)
-    out = algorithm.loss(logp, logp, jnp.array([1.0, -1.0]), mask)
+    advantages = jnp.array([1.0, -1.0])
+    out = algorithm.loss(logp, logp, advantages, mask)
     if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], dict)
             and jnp.ndim(out[0]) == 0 and jnp.ndim(out[1]) == 0):
         raise ValueError("the algorithm's loss must return (loss_sum, count, metric_sums): two "
                          "scalars and a dict of scalars")
     if token_advantages:
+        # The same advantages repeated on every token must give the same loss.
         try:
-            algorithm.loss(logp, logp, jnp.array([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]]), mask)
-        except Exception as e:
-            raise ConfigError(f"rl.rollout_correction.weights gives the loss per-token advantages "
-                              f"[rows, seq], which the algorithm's loss does not take "
-                              f"({type(e).__name__}: {e})") from None
+            per_token = algorithm.loss(logp, logp, jnp.broadcast_to(advantages[:, None], logp.shape), mask)
+            same = bool(jnp.allclose(per_token[0], out[0], rtol=1e-5)) and int(per_token[1]) == int(out[1])
+        except Exception as e:  # a loss that refuses them, whatever it raises
+            same, why = False, f" ({type(e).__name__}: {e})"
+        else:
+            why = f" (loss_sum {per_token[0]} instead of {out[0]})"
+        if not same:
+            raise ConfigError("rl.rollout_correction.weights gives the loss per-token advantages "
+                              "[rows, seq], and the algorithm's loss does not take them as it takes "
+                              f"[rows] ones{why}")
 
 
 def check_trained_ids(batch: dict[str, np.ndarray], trajs: Sequence[Trajectory],

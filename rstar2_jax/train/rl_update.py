@@ -152,7 +152,7 @@ class RLUpdate:
         chunks = micro * self.config.mini_batches
         if chunks not in self._old_passes:
             self._old_passes[chunks] = self._old_pass(chunks)
-        update_rows, stats = self._old_passes[chunks](state.params, shifted)
+        old_logp, advantages, mask, stats = self._old_passes[chunks](state.params, shifted)
         stats = {k: float(v) for k, v in jax.device_get(stats).items()}
         if check is not None:
             check(stats)
@@ -160,15 +160,17 @@ class RLUpdate:
             self._steps[micro] = self._make_step(micro)
         step_fn = self._steps[micro]
         per_update = []
+        update_rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
+        update_rows |= {"old_logp": old_logp, "advantages": advantages, "mask": mask}
         for j in range(self.config.mini_batches):
             state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {"tokens": tokens} | stats
 
     def _old_pass(self, chunks: int):
-        """Jitted ``(params, shifted) -> (update rows, stats)``: the rows the optimizer steps
-        train on (the sampler's log-probs replaced by the trainer's ``old_logp``; advantages
-        and mask as the rollout correction leaves them) and the step's statistics."""
+        """Jitted ``(params, shifted) -> (old_logp, advantages, mask, stats)``: the trainer's
+        log-probs of the step's tokens, the advantages and loss mask as the rollout correction
+        leaves them, and the step's statistics."""
         def run(params, shifted):
             logp, entropy = _old_logprobs(params, shifted, model_config=self.model_config,
                                           config=self.config, chunks=chunks)
@@ -177,11 +179,10 @@ class RLUpdate:
                 self.config.rollout_correction, shifted["advantages"], logp, sampler_logp, mask)
             stats = ({"entropy": jnp.sum(jnp.where(mask, entropy, 0.0)) / jnp.maximum(jnp.sum(mask), 1)}
                      | mismatch_metrics(logp, sampler_logp, mask) | corrected)
-            rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
-            return rows | {"old_logp": logp, "advantages": advantages, "mask": loss_mask}, stats
+            return logp, advantages, loss_mask, stats
 
         return jax.jit(run, in_shardings=(self._param_shardings, self._rows),
-                       out_shardings=(self._rows, NamedSharding(self.mesh, P())))
+                       out_shardings=(self._rows, self._rows, self._rows, NamedSharding(self.mesh, P())))
 
     def _check_and_pad(self, batch: dict) -> dict:
         rows, seq = batch["tokens"].shape
