@@ -68,6 +68,11 @@ SCRIPTS = [
     ["blah " * 400],
     # 7: answers after a long think (8x the tokens of script 2).
     ["Let me compute this with Python. " * 20 + "</reason><answer>\\boxed{3}</answer>"],
+    # 8-9 use the tool's state (with rollout.tool_session). 8: draws a random number in one call
+    # and prints it in the next.
+    [call("import random\nr = random.random()\nprint(r)"), call("print(r)"), "<answer>\\boxed{1}</answer>"],
+    # 9: counts its own calls, every turn (hits max_turns).
+    [call("n = globals().get('n', 0) + 1\nprint(n)")] * 6,
 ]
 
 
@@ -310,3 +315,109 @@ def test_rows_preempted_while_decoding_or_waiting_on_a_tool_finish_the_same(toke
     assert sampler.plan.num_pages == least < free_sampler.plan.num_pages
     assert sampler._engine.preemptions > 0
     assert _tokens(trajs) == _tokens(unconstrained)
+
+
+class SessionSpy:
+    """A pool whose sessions record the codes they ran and whether they are closed."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.sessions = []
+
+    def submit(self, code, stdin=""):
+        raise AssertionError("with tool_session every call goes to a session")
+
+    def session(self, seed=None):
+        spy = SessionSpy.Tracked(self.pool.session(seed))
+        self.sessions.append(spy)
+        return spy
+
+    class Tracked:
+        def __init__(self, session):
+            self.session, self.codes = session, []
+
+        def submit(self, code, stdin=""):
+            self.codes.append(code)
+            return self.session.submit(code, stdin)
+
+        def close(self):
+            self.session.close()
+
+        @property
+        def closed(self):
+            return self.session.closed
+
+
+def _outputs(trajs):
+    return [[c.response_text for c in t.tool_calls] for t in trajs]
+
+
+def test_tool_session_routes_a_trajectorys_calls_to_its_own_session(tokenizer, pool):
+    stateless, _ = run(tokenizer, pool, [8])
+    assert [c.status for c in stateless[0].tool_calls] == ["ok", "error"]  # r is gone
+    sampler, params, markers = make_sampler(tokenizer, pool, settings=dict(tool_session=True))
+    prompts = prompts_for(tokenizer, markers, [8, 9, 8, 9])
+    trajs, _ = sampler.rollout(params, prompts, seed=3)
+    drawn, counted, other, counted_too = trajs
+    assert [c.status for c in drawn.tool_calls] == ["ok", "ok"]
+    first, second = (c.response_text.split("stdout: ")[1] for c in drawn.tool_calls)
+    assert first == second  # the same value, drawn once and read back from the session's state
+    assert other.tool_calls[0].response_text != drawn.tool_calls[0].response_text  # its own seed
+    for t in (counted, counted_too):  # each counts its own calls only
+        assert t.finish_reason == "max_turns"
+        assert [c.response_text.split("stdout: ")[1] for c in t.tool_calls] == ["1", "2", "3"]
+    again, _ = sampler.rollout(params, prompts, seed=3)
+    assert _outputs(again) == _outputs(trajs)  # sessions seeded by the trajectory: reproducible
+    assert pool.health()["sessions"] == 0
+
+
+def test_sessions_close_when_their_trajectory_ends_whatever_ends_it(tokenizer, pool):
+    """An answer, the turn limit, a tool response over the budget: each trajectory's session is
+    closed by the time it is reported finished; none is left open."""
+    closed_at_finish = []
+    first_turn = len(expected_turn_ids(tokenizer, SCRIPTS[8][0]))
+    for scripts, limits in (([8, 9], {}), ([8], dict(max_response_tokens=first_turn + 3))):
+        spy = SessionSpy(pool)
+
+        def on_finish(traj):
+            mine = [s for s in spy.sessions if s.codes[0] == traj.tool_calls[0].code]
+            closed_at_finish.append((traj.finish_reason, [s.closed for s in mine]))
+
+        sampler, params, markers = make_sampler(tokenizer, spy, settings=dict(tool_session=True),
+                                                **limits)
+        sampler.rollout(params, prompts_for(tokenizer, markers, scripts), on_finish=on_finish)
+        assert len(spy.sessions) == len(scripts)
+    assert sorted(closed_at_finish) == [("answer", [True]), ("budget", [True]), ("max_turns", [True])]
+    assert pool.health()["sessions"] == 0
+
+
+def test_sessions_of_preempted_rows_give_the_same_outputs_and_close(tokenizer, pool):
+    """The smallest pool: rows are preempted, some while their call runs, and recomputed from
+    their tokens. A session holds nothing in the sandbox between calls, so a preempted row costs
+    the pool nothing; its calls give the outputs an unconstrained run gives (random draws
+    included), and every session is closed at the end."""
+    scripts = [7, 9, 8, 0, 9, 4, 8, 3]
+    limits = dict(max_response_tokens=400, max_prompt_tokens=32)
+    settings = dict(page_size=8, tool_session=True)
+    free_sampler, params, markers = make_sampler(tokenizer, pool, num_slots=8, settings=settings,
+                                                 **limits)
+    prompts = prompts_for(tokenizer, markers, scripts)
+    unconstrained, _ = free_sampler.rollout(params, prompts, seed=5)
+    spy = SessionSpy(pool)
+    sampler, _, _ = make_sampler(tokenizer, spy, num_slots=8, **limits, settings=dict(
+        settings, memory_budget_gib=_budget_for_pages(free_sampler, params, free_sampler.plan.least_pages)))
+
+    trajs, _ = sampler.rollout(params, prompts, seed=5)
+
+    assert sampler._engine.preemptions > 0
+    assert _tokens(trajs) == _tokens(unconstrained)
+    assert _outputs(trajs) == _outputs(unconstrained)
+    drawn, read = (c.response_text for c in trajs[2].tool_calls)
+    assert drawn == read and "Tool call success" in drawn  # the session's state survived preemption
+    assert [c.response_text.split("stdout: ")[1] for c in trajs[1].tool_calls] == ["1", "2"]
+    assert all(s.closed for s in spy.sessions) and pool.health()["sessions"] == 0
+
+
+def test_tool_session_needs_an_executor_with_sessions(tokenizer, pool):
+    with pytest.raises(ValueError, match="tool_session"):
+        make_sampler(tokenizer, SpyExecutor(pool), settings=dict(tool_session=True))

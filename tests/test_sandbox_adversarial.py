@@ -10,6 +10,11 @@ it left running, the bound is PROMPT_S, far below the leftovers' lifetime and th
 what a call must not reach: a secret in the caller's environment, host unix sockets (one in a
 directory on PYTHONPATH, so visible to calls, one abstract), a setuid-root binary in that
 directory, and a file standing for the training set's answers.
+
+The suite runs twice: as stateless calls, and in session mode, where each hostile call is the
+second cell of its own tool session (after a cell that defines some state, so the call replays
+it first) and is followed by a third cell, which replays the hostile one: whatever that does to
+its session, no other session, call or template may notice.
 """
 import ast
 import ctypes
@@ -330,11 +335,42 @@ def _may_time_out(status) -> bool:
     return "timeout" in ((status,) if isinstance(status, str) else status)
 
 
-@pytest.fixture(scope="module")
-def suite():
-    """Run every case at once; yield (results by case id, pool, its health, listeners, probe
-    cases, the scratch directory's listing before, the patient pool, its health); check cleanup
-    after close."""
+# Session mode: the first cell of every case's session, and the third (after the case).
+STATE_CELL = "import math\nstate = math.factorial(5)"
+FOLLOW_UP_CELL = "print(state)"
+
+
+def _run_calls(calls: dict, pools: dict, sessions: dict | None) -> dict:
+    """Results by case id of ``calls`` (id -> (code, stdin, pool key)), all in flight at once;
+    in session mode (``sessions``: an empty dict to fill with each case's session) each call is
+    the second cell of its session, after ``STATE_CELL``."""
+    if sessions is None:
+        futures = {name: pools[key].submit(code, stdin) for name, (code, stdin, key) in calls.items()}
+        return {name: f.result() for name, f in futures.items()}
+    sessions.update({name: pools[key].session() for name, (_, _, key) in calls.items()})
+    first = [s.submit(STATE_CELL) for s in sessions.values()]
+    assert all(f.result().status == "ok" for f in first)
+    futures = {name: sessions[name].submit(code, stdin) for name, (code, stdin, _) in calls.items()}
+    return {name: f.result() for name, f in futures.items()}
+
+
+def _run_batch(suite, pool: SandboxPool, codes: list[str]) -> list:
+    """``codes`` at once on ``pool``: stateless calls, or in session mode each the second cell of
+    a session of its own."""
+    sessions = {} if suite[8] == "session" else None
+    results = _run_calls({i: (code, "", "pool") for i, code in enumerate(codes)}, {"pool": pool}, sessions)
+    for session in (sessions or {}).values():
+        session.close()
+    return [results[i] for i in range(len(codes))]
+
+
+@pytest.fixture(scope="module", params=["stateless", "session"])
+def suite(request):
+    """Run every case at once, as stateless calls or as cells of sessions; yield (results by
+    case id, pool, its health, listeners, probe cases, the scratch directory's listing before,
+    the patient pool, its health, the mode, the sessions by case id); check cleanup after
+    close."""
+    mode = request.param
     with open(VICTIM, "w") as f:
         f.write("keep me")
     probe_dir = tempfile.mkdtemp(dir="/var/tmp", prefix="rstar2-sandbox-probe-")
@@ -362,10 +398,12 @@ def suite():
     probes = _probe_cases(probe_dir, listeners, patient_health["template_pids"][0])
     calls = {p.id: (p.values[0], p.values[1], _may_time_out(p.values[2])) for p in CASES}
     calls.update({name: (code, "", False) for name, (code, _, _) in probes.items()})
-    futures = {name: (pool if short else patient).submit(code, stdin)
-               for name, (code, stdin, short) in calls.items()}
-    by_id = {name: f.result() for name, f in futures.items()}
-    yield by_id, pool, health, listeners, probes, scratch_before, patient, patient_health
+    sessions = {} if mode == "session" else None
+    by_id = _run_calls(calls, {True: pool, False: patient}, sessions)
+    yield by_id, pool, health, listeners, probes, scratch_before, patient, patient_health, mode, sessions
+    for session in (sessions or {}).values():
+        session.close()
+    assert pool.health()["sessions"] == patient.health()["sessions"] == 0
     pool.close()
     patient.close()
     listeners.close()
@@ -380,7 +418,7 @@ def suite():
 
 @pytest.mark.parametrize("code, stdin, status, check, max_wall", CASES)
 def test_case(suite, request, code, stdin, status, check, max_wall):
-    result = suite[0][request.node.callspec.id]
+    result = suite[0][request.node.callspec.id.replace(f"{suite[8]}-", "", 1)]
     assert result.status in ((status,) if isinstance(status, str) else status), result
     if check is not None:
         assert check(result), result
@@ -402,8 +440,25 @@ def test_host_listeners_got_no_connection(suite):
     assert suite[3].accepted == 0
 
 
+def test_session_follow_ups_fail_alone(suite):
+    """Session mode: a third cell in every case's session replays the hostile cell (when it ran
+    to its end or an exception). Whatever it does to its own session, every follow-up resolves
+    without a sandbox error, and a session that did nothing hostile still has its state."""
+    _, pool, _, _, _, _, _, _, mode, sessions = suite
+    if mode != "session":
+        return
+    futures = {name: s.submit(FOLLOW_UP_CELL) for name, s in sessions.items()}
+    follow_ups = {name: f.result() for name, f in futures.items()}
+    assert not [name for name, r in follow_ups.items() if r.status == "sandbox_error"], follow_ups
+    for name in ("unicode_output", "sys_exit_3", "input_with_stdin", "sleep_within_deadline", "huge_code"):
+        assert follow_ups[name].stdout == "120\n", (name, follow_ups[name])
+    with pool.session() as control:
+        control.run(STATE_CELL)
+        assert control.run(FOLLOW_UP_CELL).stdout == "120\n"
+
+
 def test_pools_healthy_after_suite(suite):
-    _, pool, health, _, _, scratch_before, patient, patient_health = suite
+    _, pool, health, _, _, scratch_before, patient, patient_health, _, _ = suite
     for p, before in ((pool, health), (patient, patient_health)):
         after = p.health()
         assert after["healthy"] and after["template_pids"] == before["template_pids"]
@@ -419,16 +474,32 @@ def test_pools_healthy_after_suite(suite):
 def test_call_memory_holds_no_secret_and_no_other_call(suite):
     """No trainer secret (the environment the pool was started in) and nothing of another call
     (code, stdin, output of calls in flight on the same templates) is in a call's memory."""
-    pool = suite[6]
+    pool, mode = suite[6], suite[8]
     wanted = {hashlib.sha256(s.encode()).hexdigest(): label
               for s, label in ((ENV_SECRET, "environment"), (CALL_SECRET, "other call"))}
     other = f"import time\nprint({CALL_SECRET!r}, input(), flush=True)\ntime.sleep(3)"
+    scan = SCAN_MEMORY.format(wanted=wanted, mark=MARK)
+    sessions = []
+    if mode == "session":
+        # The other calls are sessions whose earlier cell (replayed) holds the secret too; each
+        # scan runs in a session of its own, after a cell of its own.
+        sessions = [pool.session() for _ in range(4)]
+        for s in sessions[:2]:
+            s.run(f"secret = {CALL_SECRET!r} + input()", CALL_SECRET + "\n")
+        for s in sessions[2:]:
+            s.run("import ctypes")
+        submit_other = [s.submit for s in sessions[:2]]
+        submit_scan = [s.submit for s in sessions[2:]]
+    else:
+        submit_other = submit_scan = [pool.submit] * 2
     # Two of each: the pool sends each call to the template with fewest calls in flight, so
     # each template holds one of the other calls when it starts a scan.
-    others = [pool.submit(other, CALL_SECRET + "\n") for _ in range(2)]
+    others = [submit(other, CALL_SECRET + "\n") for submit in submit_other]
     time.sleep(0.3)
-    scans = pool.run_batch([SCAN_MEMORY.format(wanted=wanted, mark=MARK)] * 2)
+    scans = [f.result() for f in [submit(scan) for submit in submit_scan]]
     assert [f.result().status for f in others] == ["ok", "ok"]
+    for s in sessions:
+        s.close()
     for scan in scans:
         assert scan.status == "ok" and scan.stdout == "[]\n", scan
 
@@ -444,7 +515,7 @@ def test_memory_limit_covers_all_of_a_call(suite):
              "    pids.append(pid)\nprint([os.waitpid(p, 0)[1] for p in pids])")
     memfds = ("import os\nblock = b'x' * (15 << 20)\nfds = []\nfor _ in range(40):\n"
               "    fds.append(os.memfd_create('m'))\n    os.write(fds[-1], block)\nprint(len(fds))")
-    for result in suite[6].run_batch([forks, memfds]):
+    for result in _run_batch(suite, suite[6], [forks, memfds]):
         assert result.status == "memory" and str(MEMORY_LIMIT) in result.detail, result
 
 
@@ -455,7 +526,7 @@ def test_concurrent_calls_never_share_a_network_namespace(suite):
     namespaces, and every bind succeeded."""
     code = ("import os, socket, time\nstart = time.monotonic()\ns = socket.socket()\ns.bind(('0.0.0.0', 4242))\n"
             "time.sleep(2)\nprint(os.readlink('/proc/self/ns/net'), start, time.monotonic())")
-    results = suite[6].run_batch([code] * 6)
+    results = _run_batch(suite, suite[6], [code] * 6)
     assert all(r.status == "ok" for r in results), results
     spans = [(ns, float(start), float(end)) for ns, start, end in (r.stdout.split() for r in results)]
     overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if a[1] < b[2] and b[1] < a[2]]
@@ -484,10 +555,9 @@ def test_a_call_and_its_sessions_share_one_cpu_cgroup(suite):
     call, 16 children that each called setsid() took 16 shares of the CPU from the trainer and
     from other calls (a neighbour's 0.75 s call timed out at 4 s). Every process of a call, in
     any session, is in its slot's CPU cgroup, whose quota is one CPU."""
-    patient = suite[6]
-    result = patient.run("import os\nmine = open('/proc/self/cgroup').read()\nr, w = os.pipe()\n"
+    (result,) = _run_batch(suite, suite[6], ["import os\nmine = open('/proc/self/cgroup').read()\nr, w = os.pipe()\n"
                          "if os.fork() == 0:\n    os.setsid()\n    os.write(w, open('/proc/self/cgroup').read().encode())\n"
-                         "    os._exit(0)\nos.wait()\nprint(repr(mine))\nprint(repr(os.read(r, 1 << 16).decode()))")
+                         "    os._exit(0)\nos.wait()\nprint(repr(mine))\nprint(repr(os.read(r, 1 << 16).decode()))"])
     assert result.status == "ok", result
     parent, child = (ast.literal_eval(line) for line in result.stdout.splitlines())
     group = _cpu_cgroup_dir(parent)
@@ -501,23 +571,23 @@ def test_a_call_and_its_sessions_share_one_cpu_cgroup(suite):
 
 def test_ipc_and_keys_do_not_outlive_their_call(suite):
     """SysV shared memory, POSIX message queues and keyring entries made by one call are gone
-    for the next one (the calls run one after the other, on the same template and slot)."""
-    pool = suite[6]
+    for the next one (the calls run one after the other, on the same template and slot; in
+    session mode, in two sessions)."""
     add_key, keyctl = KEY_SYSCALLS
     common = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.mq_open.restype = ctypes.c_int\n"
-    first = pool.run(common + f"""
+    (first,) = _run_batch(suite, suite[6], [common + f"""
 shm = libc.shmget(0x5EED, 1 << 20, 0o1666)
 libc.shmat.restype = ctypes.c_void_p
 ctypes.memset(libc.shmat(shm, None, 0), 7, 1 << 20)
 mq = libc.mq_open(b'/rstar2-probe', os.O_CREAT | os.O_RDWR, 0o666, None)
 key = libc.syscall({add_key}, b'user', b'rstar2-probe', b'secret', 6, -4)
-print(shm >= 0, mq >= 0, key >= 0 or os.strerror(ctypes.get_errno()))""")
+print(shm >= 0, mq >= 0, key >= 0 or os.strerror(ctypes.get_errno()))"""])
     assert first.status == "ok", first
     # The call's own IPC objects work; the keyring is refused outright.
     assert first.stdout == "True True Operation not permitted\n", first
-    second = pool.run(common + """
+    (second,) = _run_batch(suite, suite[6], [common + """
 print(libc.shmget(0x5EED, 0, 0), libc.mq_open(b'/rstar2-probe', os.O_RDONLY), 'rstar2-probe' in open('/proc/keys').read(),
-      len(open('/proc/sysvipc/shm').readlines()))""")
+      len(open('/proc/sysvipc/shm').readlines()))"""])
     assert second.status == "ok" and second.stdout == "-1 -1 False 1\n", second
 
 
@@ -526,11 +596,11 @@ def test_many_concurrent_timeouts_then_trivial_calls(suite):
     another: each prints when it started, and many were running at the same moment. Then
     every slot is free again."""
     pool = suite[1]
-    results = pool.run_batch(["import time\nprint(time.monotonic(), flush=True)\ntime.sleep(100)"] * 100)
+    results = _run_batch(suite, pool, ["import time\nprint(time.monotonic(), flush=True)\ntime.sleep(100)"] * 100)
     assert [r.status for r in results] == ["timeout"] * 100
     starts = sorted(float(r.stdout) for r in results)
     at_once = max(sum(s <= t < s + TIMEOUT_S for t in starts) for s in starts)
     assert at_once >= 16, f"at most {at_once} of 100 sleeping calls ran at the same time"
-    trivial = pool.run_batch([f"print({i})" for i in range(20)])
+    trivial = _run_batch(suite, pool, [f"print({i})" for i in range(20)])
     assert [r.stdout for r in trivial] == [f"{i}\n" for i in range(20)]
     assert pool.health()["in_flight"] == 0

@@ -13,6 +13,13 @@ The host loop around the `Engine`:
 5. A turn without a tool call, the turn limit or the token budget ends the trajectory and frees
    the row for the next queued sample.
 
+With ``tool_session`` on, a trajectory's calls go to its own tool session (`rstar2_jax.sandbox.
+session`): each call sees the variables its earlier calls defined, and nothing of any other
+trajectory. The session is opened at the trajectory's first call and closed when the trajectory
+ends, whatever ends it. It holds nothing in the sandbox between calls, so a row the engine
+preempts costs the pool nothing, and its seed comes from the trajectory's sequence number, so
+the same params, prompts and seed give the same tool outputs too.
+
 Token ids are the record: generated ids are appended as sampled, tool tokens as encoded, and the
 trajectory is never decoded and re-tokenized (text is decoded only to parse a turn).
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import time
 from typing import Callable
@@ -34,7 +42,7 @@ from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
 from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
-from rstar2_jax.sandbox import render_result
+from rstar2_jax.sandbox import Session, render_result
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +65,10 @@ class RolloutSettings:
       (the middle is cut; head and tail kept, see `render_result`).
     show_tool_time: include the execution time line in tool responses.
       These two shape the text the model reads; they must match what its SFT data showed it.
-    tool_timeout_s: wall-clock limit of one tool call.
+    tool_timeout_s: wall-clock limit of one tool call (with ``tool_session``, the replay of
+      the trajectory's earlier calls included).
+    tool_session: a trajectory's tool calls share state, as cells of a notebook (False: every
+      call is a fresh program, rStar2's training tool). See `rstar2_jax.sandbox.session`.
     sandbox_workers: sandbox worker processes (None: one per core).
     verifier_workers: answer-checking processes.
     verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
@@ -79,6 +90,7 @@ class RolloutSettings:
     tool_response_chars: int = 1024
     show_tool_time: bool = True
     tool_timeout_s: float = 4.0
+    tool_session: bool = False
     sandbox_workers: int | None = None
     verifier_workers: int = 1
     verifier_timeout_s: float = 4.0
@@ -224,10 +236,18 @@ class RolloutStats:
 @dataclasses.dataclass
 class _Row:
     traj: Trajectory
+    sequence: int  # the trajectory's sequence number (its sampling key, its session's seed)
     turn_start: int = 0
     future: concurrent.futures.Future | None = None
     call: chat.ToolCall | None = None
     ready_text: str | None = None  # a response that needs no execution (malformed call)
+    session: Session | None = None  # with tool_session, opened at the first call
+
+
+def session_seed(seed: int, sequence: int) -> int:
+    """The tool session seed of sequence ``sequence`` of a rollout call with ``seed``."""
+    digest = hashlib.blake2b(f"{seed}:{sequence}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _cast(params, dtype):
@@ -245,8 +265,8 @@ class AgentSampler:
     Args:
       config: model config.
       tokenizer: a Hugging Face tokenizer with the chat markup tokens.
-      executor: runs tool calls; needs `submit(code, stdin) -> Future[ExecResult]` (a
-        `SandboxPool`).
+      executor: runs tool calls; needs `submit(code, stdin) -> Future[ExecResult]` and, with
+        ``settings.tool_session``, `session(seed) -> Session` (a `SandboxPool`).
       settings: decode slots and tool-output rendering (its pool fields are the runtime's).
       limits: turns and tokens per trajectory.
       sampling: token selection (the paper trains at temperature 1.0, evaluates at 0.6).
@@ -257,6 +277,9 @@ class AgentSampler:
     def __init__(self, config: ModelConfig, tokenizer, executor, settings: RolloutSettings,
                  limits: RolloutLimits, sampling: SamplingParams, forward_fn=forward_cached,
                  fmt: chat.ChatFormat = chat.ChatFormat()):
+        if settings.tool_session and not callable(getattr(executor, "session", None)):
+            raise ValueError(f"rollout.tool_session needs an executor with session(seed); "
+                             f"{type(executor).__name__} has none")
         self.config = config
         self.fmt = fmt
         self.tokenizer = tokenizer
@@ -312,7 +335,8 @@ class AgentSampler:
         prompts and seed give the same tokens, and a share of a batch, started at its offset,
         gives the tokens its rows get in the whole batch.
 
-        Returns the trajectories ordered by (prompt, sample) and timing statistics.
+        Returns the trajectories ordered by (prompt, sample) and timing statistics. Every tool
+        session the call opened is closed when it returns or raises.
         """
         for i, p in enumerate(prompts):
             if not 1 <= len(p) <= self.limits.max_prompt_tokens:
@@ -337,32 +361,36 @@ class AgentSampler:
         done: list[Trajectory] = []
         finished: list[Trajectory] = []  # finished in this iteration, not yet reported
 
-        while feeder.queue or any(r is not None for r in rows):
-            for i, p, s in feeder.fill([i for i, r in enumerate(rows) if r is None]):
-                rows[i] = _Row(Trajectory(p, s, list(prompts[p])))
-            if engine.active.any():
-                out = engine.decode(min_stops=1)
-                generated += int(out.count.sum())
-                for i in np.flatnonzero(out.count):
-                    row, n = rows[i], int(out.count[i])
-                    row.traj.response_ids += out.tokens[i, :n].tolist()
-                    row.traj.logprobs += out.logprobs[i, :n].tolist()
-                    row.traj.loss_mask += [1] * n
-                    if out.stopped[i] and self._end_turn(row):
-                        finished.append(row.traj)
-                        rows[i] = None
-                        engine.release([i])
-            elif any(r is not None and r.future is not None for r in rows):
-                t0 = time.perf_counter()
-                concurrent.futures.wait([r.future for r in rows if r and r.future],
-                                        return_when=concurrent.futures.FIRST_COMPLETED)
-                tool_wait += time.perf_counter() - t0
-            self._resume_ready(engine, rows, finished)
-            for traj in finished:
-                if on_finish is not None:
-                    on_finish(traj)
-                done.append(traj)
-            finished.clear()
+        try:
+            while feeder.queue or any(r is not None for r in rows):
+                for i, p, s in feeder.fill([i for i, r in enumerate(rows) if r is None]):
+                    rows[i] = _Row(Trajectory(p, s, list(prompts[p])),
+                                   sequence=first_sequence + p * samples_per_prompt + s)
+                if engine.active.any():
+                    out = engine.decode(min_stops=1)
+                    generated += int(out.count.sum())
+                    for i in np.flatnonzero(out.count):
+                        row, n = rows[i], int(out.count[i])
+                        row.traj.response_ids += out.tokens[i, :n].tolist()
+                        row.traj.logprobs += out.logprobs[i, :n].tolist()
+                        row.traj.loss_mask += [1] * n
+                        if out.stopped[i] and self._end_turn(row, seed):
+                            self._finish(engine, rows, i, finished)
+                elif any(r is not None and r.future is not None for r in rows):
+                    t0 = time.perf_counter()
+                    concurrent.futures.wait([r.future for r in rows if r and r.future],
+                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    tool_wait += time.perf_counter() - t0
+                self._resume_ready(engine, rows, finished)
+                for traj in finished:
+                    if on_finish is not None:
+                        on_finish(traj)
+                    done.append(traj)
+                finished.clear()
+        finally:
+            for row in rows:
+                if row is not None and row.session is not None:
+                    row.session.close()
 
         done.sort(key=lambda t: (t.prompt_index, t.sample_index))
         stats = RolloutStats(
@@ -371,7 +399,17 @@ class AgentSampler:
             decode_steps=engine.decode_steps, preemptions=engine.preemptions)
         return done, stats
 
-    def _end_turn(self, row: _Row) -> bool:
+    @staticmethod
+    def _finish(engine: Engine, rows: list[_Row | None], i: int, finished: list) -> None:
+        """Ends row ``i``'s trajectory: closes its tool session and frees the row."""
+        row = rows[i]
+        if row.session is not None:
+            row.session.close()
+        finished.append(row.traj)
+        rows[i] = None
+        engine.release([i])
+
+    def _end_turn(self, row: _Row, seed: int) -> bool:
         """Handles a row that stopped; returns True when its trajectory is finished."""
         traj = row.traj
         span = (row.turn_start, len(traj.response_ids))
@@ -394,6 +432,10 @@ class AgentSampler:
         row.call = call
         if call.error is not None:
             row.ready_text = chat.malformed_call_response(call)
+        elif self.settings.tool_session:
+            if row.session is None:
+                row.session = self.executor.session(seed=session_seed(seed, row.sequence))
+            row.future = row.session.submit(call.code, call.stdin)
         else:
             row.future = self.executor.submit(call.code, call.stdin)
         return False
@@ -421,9 +463,7 @@ class AgentSampler:
             if room < 1:
                 # The response would not fit: end cleanly on the model's last turn.
                 traj.finish_reason = "budget"
-                done.append(traj)
-                rows[i] = None
-                engine.release([i])
+                self._finish(engine, rows, i, done)
                 continue
             pending = traj.response_ids[-1]
             traj.response_ids.extend(tool_ids)

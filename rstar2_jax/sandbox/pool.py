@@ -38,6 +38,7 @@ import rstar2_jax
 from rstar2_jax.sandbox.config import SandboxConfig, default_num_workers
 from rstar2_jax.sandbox.executor import Call, as_code_and_stdin
 from rstar2_jax.sandbox.result import STATUSES, ExecResult, sandbox_error
+from rstar2_jax.sandbox.session import Cell, Session, check_replay, new_seed
 
 _STARTUP_TIMEOUT_S = 180.0  # a template imports numpy and sympy; slow on a loaded 2-core box
 _WEDGED_GRACE_S = 10.0  # a template that has not answered by deadline + this is killed
@@ -51,6 +52,8 @@ class _Pending:
     id: int
     code: str
     stdin: str
+    replay: list[list[str]]
+    seed: int | None
     future: Future
     submitted: float
 
@@ -101,6 +104,8 @@ class SandboxPool:
             pool.run("print(2 + 2)").stdout          # '4\\n'
             pool.run_batch(["1 + 1", ("print(input())", "hi")])
             future = pool.submit(code)               # overlap with decoding; poll future.done()
+            with pool.session() as s:                # one trajectory's calls share state
+                s.run("x = 41"); s.run("x + 1").stdout     # '42\n'
 
     Args:
       num_workers: template processes; default one per usable core.
@@ -132,6 +137,7 @@ class SandboxPool:
         self._closing = False
         self._respawn_at: dict[int, float] = {}
         self._counts = collections.Counter()
+        self._sessions = 0
         self._queue_waits: collections.deque[float] = collections.deque(maxlen=10_000)
         self.level: str | None = None
         self._workers = [self._spawn(i) for i in range(self.num_workers)]
@@ -150,36 +156,64 @@ class SandboxPool:
         self._dispatcher.start()
 
     # -- public API ----------------------------------------------------------------------------
-    def submit(self, code: str, stdin: str = "") -> Future:
-        """Queue one call; the returned future resolves to its ExecResult (never raises)."""
+    def submit(self, code: str, stdin: str = "", *, replay: Sequence[Cell] = (),
+               seed: int | None = None) -> Future:
+        """Queue one call; the returned future resolves to its ExecResult (never raises).
+
+        ``replay`` and ``seed`` are what a `Session` passes: cells ``(code, stdin)`` run first in
+        the same child, output suppressed and exceptions swallowed, with the random generators
+        seeded from ``seed`` (None: from the OS, as for every stateless call).
+        """
         if not isinstance(code, str) or not isinstance(stdin, str):
             raise TypeError("code and stdin must be str")
+        cells, seed = check_replay(replay, seed)
         future: Future = Future()
         with self._lock:
             if self._closing:
                 raise RuntimeError("submit() on a closed SandboxPool")
-            self._queue.append(_Pending(next(self._ids), code, stdin, future, time.monotonic()))
+            self._queue.append(_Pending(next(self._ids), code, stdin, cells, seed, future, time.monotonic()))
             self._counts["calls"] += 1
             self._lock.notify_all()
         return future
+
+    def session(self, seed: int | None = None) -> Session:
+        """A new tool session: its calls share state by replaying its earlier cells (see
+        `rstar2_jax.sandbox.session`). ``seed`` (default: from the OS) seeds the random
+        generators of each of its calls, so that replayed cells draw what they drew before."""
+        _, seed = check_replay((), new_seed() if seed is None else seed)
+        session = Session(self.submit, seed, self._session_closed, self._check_may_wait)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("session() on a closed SandboxPool")
+            self._sessions += 1
+            self._counts["sessions"] += 1
+        return session
+
+    def _session_closed(self) -> None:
+        with self._lock:
+            self._sessions -= 1
 
     def run(self, code: str, stdin: str = "") -> ExecResult:
         return self.run_batch([(code, stdin)])[0]
 
     def run_batch(self, calls: Sequence[Call]) -> list[ExecResult]:
         """Run all calls concurrently; results in submission order."""
-        if threading.current_thread() is self._reader:
-            raise RuntimeError("run()/run_batch() from a done-callback of this pool's futures would wait for "
-                               "the thread that runs the callback; use submit() there")
+        self._check_may_wait()
         futures = [self.submit(*as_code_and_stdin(c)) for c in calls]
         return [f.result() for f in futures]
 
+    def _check_may_wait(self) -> None:
+        if threading.current_thread() is self._reader:
+            raise RuntimeError("run()/run_batch() from a done-callback of this pool's futures would wait for "
+                               "the thread that runs the callback; use submit() there")
+
     def stats(self) -> dict:
-        """Counters since start: calls, one count per status, respawns, queue wait (seconds)."""
+        """Counters since start: calls, one count per status, respawns, sessions opened, queue
+        wait (seconds)."""
         with self._lock:
             waits = sorted(self._queue_waits) or [0.0]
             out = {"calls": self._counts["calls"], "completed": self._counts["completed"],
-                   "respawns": self._counts["respawns"]}
+                   "respawns": self._counts["respawns"], "sessions": self._counts["sessions"]}
             out.update({s: self._counts[s] for s in STATUSES})
             out.update(queue_wait_p50_s=waits[len(waits) // 2],
                        queue_wait_p99_s=waits[min(len(waits) - 1, int(0.99 * len(waits)))],
@@ -189,7 +223,7 @@ class SandboxPool:
     def health(self) -> dict:
         """Liveness: live templates and their pids, isolation level, how a call's memory is
         bounded ("cgroup v1", "cgroup v2" or "rlimit") and its CPU ("cgroup v1", "cgroup v2"
-        or "none"), the uids calls run as, queued and in-flight calls."""
+        or "none"), the uids calls run as, queued and in-flight calls, open sessions."""
         with self._lock:
             live = [w for w in self._workers if w.ready and not w.dead]
             return {"healthy": len(live) == self.num_workers and not self._closing,
@@ -198,7 +232,8 @@ class SandboxPool:
                     "memory_limit": self.memory_limit, "cpu_limit": self.cpu_limit,
                     "slot_uids": (self._uid_base, self._uid_base + self.num_workers * self.config.slots_per_worker - 1),
                     "queued": len(self._queue),
-                    "in_flight": sum(len(w.inflight) for w in self._workers)}
+                    "in_flight": sum(len(w.inflight) for w in self._workers),
+                    "sessions": self._sessions}
 
     def close(self) -> None:
         """Stop the templates (killing their calls); unfinished calls resolve as sandbox_error."""
@@ -281,7 +316,8 @@ class SandboxPool:
                 now = time.monotonic()
                 worker.inflight[pending.id] = (pending, now)
                 self._queue_waits.append(now - pending.submitted)
-            message = {"op": "run", "id": pending.id, "code": pending.code, "stdin": pending.stdin}
+            message = {"op": "run", "id": pending.id, "code": pending.code, "stdin": pending.stdin,
+                       "replay": pending.replay, "seed": pending.seed}
             try:
                 worker.conn_out.send_bytes(json.dumps(message).encode())
             except OSError:

@@ -5,11 +5,17 @@ program with ``stdin`` on standard input. If its last statement is a bare expres
 evaluated separately and, when it is not None and nothing was printed, its ``repr`` is printed
 (as a notebook would show it). An uncaught exception prints a traceback that starts at the
 user's code (the runner's own frames are hidden) and names the source ``<tool_code>``.
+
+A call of a session (``rstar2_jax.sandbox.session``) first replays the session's earlier cells
+in the same namespace (sources ``<cell 1>``, ``<cell 2>``, ...), with file descriptors 1 and 2
+on ``/dev/null``, each cell's stdin on ``sys.stdin`` and every exception swallowed, then runs its
+code as above.
 """
 from __future__ import annotations
 
 import ast
 import io
+import json
 import linecache
 import os
 import random
@@ -60,10 +66,12 @@ def _nothing_printed() -> bool:
     return _stdout_raw is not None and not _stdout_raw.wrote
 
 
-def _reseed_rngs() -> None:
+def _reseed_rngs(seed: int | None) -> None:
     # Forked children inherit the template's RNG states: without this every call would draw
     # the same "random" numbers from numpy and sympy (``random`` alone reseeds after fork).
-    seed = int.from_bytes(os.urandom(8), "little")
+    # A session's calls all start from its seed, so that replayed cells draw what they drew.
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
     random.seed(seed)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(seed % 2**32)
@@ -81,10 +89,56 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
 
-def run_code(code: str) -> int:
-    """Run ``code`` as a program; return its exit code. Never raises."""
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # the code closed or broke its own stream; its output is lost
+            pass
+
+
+def replay_cells(cells: list[list[str]], namespace: dict) -> None:
+    """Run a session's earlier cells ``[[code, stdin], ...]`` in ``namespace``: output to
+    ``/dev/null`` (at the descriptor level, so that subprocesses and ``os.write`` are silent
+    too), each cell's stdin on ``sys.stdin``, every exception swallowed (a cell that failed
+    half-way keeps what it did before the failing line, as in a live kernel)."""
+    if not cells:
+        return
+    stdin = sys.stdin
+    saved = os.dup(1), os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        for number, (code, cell_stdin) in enumerate(cells, start=1):
+            name = f"<cell {number}>"
+            linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+            sys.stdin = io.TextIOWrapper(io.BytesIO(cell_stdin.encode("utf-8", errors="surrogatepass")),
+                                         encoding="utf-8", errors="replace")
+            try:
+                exec(compile(code, name, "exec"), namespace)
+            except BaseException:  # SystemExit and KeyboardInterrupt included: the cell ended there
+                pass
+            _flush_stdio()  # into /dev/null, before the descriptors are restored
+    finally:
+        sys.stdin = stdin
+        if _stdout_raw is not None:
+            _stdout_raw.wrote = False  # what the replay printed does not hide the new cell's value
+        for fd, target in zip(saved, (1, 2)):
+            try:
+                os.dup2(fd, target)
+                os.close(fd)
+            except OSError:  # a replayed cell closed it: the new cell's stream stays silent
+                pass
+
+
+def run_code(code: str, namespace: dict | None = None) -> int:
+    """Run ``code`` as a program (in ``namespace``, a session's, or a fresh one); return its exit
+    code. Never raises."""
     linecache.cache[SOURCE_NAME] = (len(code), None, code.splitlines(True), SOURCE_NAME)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    if namespace is None:
+        namespace = new_namespace()
     try:
         tree = ast.parse(code, filename=SOURCE_NAME)
         last = None
@@ -108,6 +162,10 @@ def run_code(code: str) -> int:
         return 1
 
 
+def new_namespace() -> dict:
+    return {"__name__": "__main__", "__builtins__": __builtins__}
+
+
 def _read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 20):
@@ -122,8 +180,10 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
     Args:
       spec: the zygote's ``CallSpec`` (limits, level, slot uids and cgroups, seccomp filter).
       slot: the call's slot; ``scratch`` its working directory for levels without namespaces.
-      code_fd: a memfd holding the code (UTF-8; lone surrogates kept, so compiling them fails
-        in the call as it would for any program).
+      code_fd: a memfd holding the call's program as JSON: ``{"code", "replay", "seed"}``
+        (the code, a session's earlier cells ``[[code, stdin], ...]`` and its seed or null; lone
+        surrogates in the code are kept, so compiling them fails in the call as it would for
+        any program).
       stdin_fd, stdout_fd, stderr_fd, ready_fd: moved to 0, 1, 2 and 3; every other inherited
         descriptor is closed, and fd 3 is closed after ``READY`` is written to it.
     """
@@ -136,7 +196,7 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
             os.write(procs_fd, b"0")
         if level == "namespaces":
             containment.setns(spec.netns_fds[slot], containment.CLONE_NEWNET)
-        code = _read_all(code_fd).decode("utf-8", errors="surrogatepass")
+        program = json.loads(_read_all(code_fd))
         for src, dst in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2), (ready_fd, 3)):
             os.dup2(src, dst)
         os.closerange(4, os.sysconf("SC_OPEN_MAX"))
@@ -160,16 +220,14 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
                                       errors="backslashreplace")
         sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                       encoding="utf-8", errors="backslashreplace", line_buffering=True)
-        _reseed_rngs()
+        _reseed_rngs(program["seed"])
         os.write(3, READY)
         os.close(3)
     except BaseException as exc:  # before any user code: the pool's fault, a sandbox error
         os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
         os._exit(1)
-    exit_code = run_code(code)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # the code closed or broke its own stream; its output is lost
-            pass
+    namespace = new_namespace()
+    replay_cells(program["replay"], namespace)
+    exit_code = run_code(program["code"], namespace)
+    _flush_stdio()
     os._exit(exit_code)

@@ -14,7 +14,8 @@ others. A call ends when its process exits (reaped by the zygote) or its deadlin
 on pipe EOF: a grandchild holding stdout open cannot stall it.
 
 Channel protocol (length-prefixed JSON via ``multiprocess.connection``; nothing is pickled):
-  pool -> template: {"op": "run", "id": int, "code": str, "stdin": str} | {"op": "shutdown"}
+  pool -> template: {"op": "run", "id": int, "code": str, "stdin": str,
+                    "replay": [[code, stdin], ...], "seed": int | null} | {"op": "shutdown"}
   template -> pool: {"op": "ready", "level": str, "memory": str, "cpu": str, "pid": int}
                     | {"op": "result", "id": int, "result": ExecResult.to_dict()}
                     | {"op": "fatal", "error": str}
@@ -151,9 +152,11 @@ class Template:
         opened: list[int] = []
         scratch = None
         try:
-            # Lone surrogates in the code are kept (surrogatepass): compiling it then fails in
-            # the call with Python's own message, as it would for any program.
-            opened.append(_memfd("code", request["code"].encode("utf-8", errors="surrogatepass")))
+            # The call's program: its code, the session's cells to replay first and their seed
+            # (``runner.Program``). JSON keeps lone surrogates in the code: compiling it then
+            # fails in the call with Python's own message, as it would for any program.
+            program = {"code": request["code"], "replay": request.get("replay", []), "seed": request.get("seed")}
+            opened.append(_memfd("program", json.dumps(program).encode()))
             opened.append(_memfd("stdin", stdin))
             (out_r, out_w), (err_r, err_w), (ready_r, ready_w) = (os.pipe2(os.O_CLOEXEC) for _ in range(3))
             opened += [out_w, err_w, ready_w, out_r, err_r, ready_r]
