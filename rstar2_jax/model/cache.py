@@ -25,7 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.model.transformer import decoder_layer, embed, final_norm, logits_from_hidden
+from rstar2_jax.model.transformer import (
+    attention,
+    decoder_layer,
+    embed,
+    final_norm,
+    logits_from_hidden,
+)
 
 
 @flax.struct.dataclass
@@ -144,12 +150,14 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
     x = embed(params, tokens)
     new_k, new_v = [], []
     for i, layer in enumerate(decode_layout(params)["layers"]):
-        def attend_to(k, v, i=i):
+        def attend(q, k, v, i=i):
             new_k.append(write_tokens(cache, cache.k[i], k, num_new))
             new_v.append(write_tokens(cache, cache.v[i], v, num_new))
-            return read_rows(cache, new_k[-1]), read_rows(cache, new_v[-1])
+            # The cache may be stored in another dtype than the model computes in.
+            k, v = (read_rows(cache, pages).astype(q.dtype) for pages in (new_k[-1], new_v[-1]))
+            return attention(q, k, v, mask, precision=config.precision)
 
-        x = decoder_layer(config, layer, x, positions, mask, attend_to)
+        x = decoder_layer(config, layer, x, positions, None, attend)
     hidden = final_norm(params, config, x)
     if last_only:
         hidden = hidden[jnp.arange(batch), jnp.maximum(num_new - 1, 0)]  # [B, E]

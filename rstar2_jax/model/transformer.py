@@ -26,9 +26,10 @@ from rstar2_jax.model.config import ModelConfig
 # softmax instead of NaN, so its garbage never poisons gradients through masked sums.
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
-# Called by a layer with its new keys/values [B, K, T, D]; returns the keys/values to attend to,
-# [B, K, S, D] (a cache stores the new ones and returns all it holds).
-AttendTo = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+# Called by a layer with its queries [B, T, H, D] and new keys/values [B, K, T, D]; returns the
+# attention output [B, T, H, D] (a KV cache stores the new keys/values and attends over all the
+# keys it holds).
+Attend = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -266,15 +267,15 @@ def final_norm(params: dict, config: ModelConfig, x: jax.Array) -> jax.Array:
 
 
 def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
-                  mask: jax.Array | None, attend_to: AttendTo | None = None, *,
+                  mask: jax.Array | None, attend: Attend | None = None, *,
                   lengths: jax.Array | None = None) -> jax.Array:
     """One pre-norm block, x [B, T, E] -> [B, T, E] in the compute dtype, for one layer's params
     `p` (x and the weights are cast to `config.dtype` here: no-ops when they already are).
 
-    positions [B, T] int32; mask [B, T, S] says which keys each query sees, or None for causal
-    self-attention over right-padded rows of `lengths` real tokens (see `attention`). Without
-    `attend_to` the keys are this call's own tokens (S = T); with it, whatever it returns (see
-    `AttendTo`).
+    positions [B, T] int32. Without `attend` the keys are this call's own tokens: mask [B, T, T]
+    says which keys each query sees, or None for causal self-attention over right-padded rows of
+    `lengths` real tokens (see `attention`). With `attend`, it computes the attention (see
+    `Attend`) and `mask` and `lengths` are not used.
     """
     p = jax.tree.map(lambda w: w.astype(config.jnp_dtype), p)
     x = x.astype(config.jnp_dtype)
@@ -289,12 +290,11 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
     q = apply_rope(q, positions, config.rope_theta)
     k = apply_rope(k, positions, config.rope_theta)
     k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, D]
-    if attend_to is not None:
-        k, v = attend_to(k, v)
-        # The cache may be stored in another dtype than the model computes in.
-        k, v = k.astype(q.dtype), v.astype(q.dtype)
-    x = x + dense(attention(q, k, v, mask, lengths=lengths, precision=config.precision), p["o"],
-                  n_in=2)
+    if attend is None:
+        out = attention(q, k, v, mask, lengths=lengths, precision=config.precision)
+    else:
+        out = attend(q, k, v)
+    x = x + dense(out, p["o"], n_in=2)
 
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
     gated = jax.nn.silu(dense(h, p["gate"])) * dense(h, p["up"])
