@@ -146,7 +146,7 @@ def cache_specs(config: ModelConfig, mesh: Mesh, batch: int) -> KVCache:
     their pages over fsdp, kv heads over tp (where divisible)."""
     rows = _fit((FSDP,), (batch,), mesh)
     kv_heads = _fit((TP,), (config.num_kv_heads,), mesh)
-    kv = (P(*rows, *kv_heads, None, None),) * config.num_layers
+    kv = P(None, *rows, *kv_heads, None, None)  # [layers, pages, kv_heads, page_size, head_dim]
     return KVCache(k=kv, v=kv, block_table=P(*rows, None), lengths=P(*rows))
 
 

@@ -48,9 +48,9 @@ def make_policy(tokenizer, scripts):
         num_new = jnp.full((batch,), t, jnp.int32) if num_new is None else num_new
         # The token history lives in layer 0's keys, at kv head 0, dim 0.
         new = jnp.broadcast_to(tokens[:, None, :, None], (batch, 1, t, 2))
-        k = write_tokens(cache, cache.k[0], new, num_new)
+        k = write_tokens(cache, cache.k, 0, new, num_new)
         n = cache.lengths + num_new
-        hist = read_rows(cache, k)[:, 0, :, 0].astype(jnp.int32)  # [B, S]
+        hist = read_rows(cache, k, 0)[:, 0, :, 0].astype(jnp.int32)  # [B, S]
         starts = (hist == im_start) & (jnp.arange(size)[None] < n[:, None])
         last_start = jnp.max(jnp.where(starts, jnp.arange(size)[None], -1), axis=1)
         turn = (starts.sum(1) - 3) // 2  # system, user, assistant; +2 per tool response
@@ -59,7 +59,7 @@ def make_policy(tokenizer, scripts):
         nxt = params["script"][script, jnp.clip(turn, 0, max_turns - 1),
                                jnp.clip(offset, 0, width - 1)]
         logits = jax.nn.one_hot(nxt, vocab) * 30.0
-        return logits, cache.replace(k=(k,), lengths=n)
+        return logits, cache.replace(k=k, lengths=n)
 
     return config, params, forward, markers
 

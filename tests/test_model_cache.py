@@ -1,11 +1,26 @@
-"""KV-cache decoding reproduces the full causal forward at every position."""
+"""KV-cache decoding reproduces the full causal forward at every position, and the decode
+program runs its layers in one loop over page pools updated in place."""
+import collections
+import math
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from helpers_hf import tiny_random_model
-from rstar2_jax.model import KVCache, forward, forward_cached, init_cache
-from rstar2_jax.model.cache import copy_pages, empty_pages
+from rstar2_jax.model import KVCache, forward, forward_cached, init_cache, init_params
+from rstar2_jax.model.cache import (
+    attend_pages,
+    copy_pages,
+    empty_pages,
+    pool_shape,
+    read_rows,
+)
+from rstar2_jax.model.transformer import attention
+from rstar2_jax.sampler.engine import decode_chunk
+from rstar2_jax.sampler.sampling import SamplingParams
 
 TOL = 1e-4
 
@@ -23,12 +38,12 @@ class _Recorder:
         logits, self.cache = forward_cached(self.params, self.config, jnp.asarray(tokens), before,
                                             jnp.asarray(num_new, jnp.int32))
         lengths, logits = np.asarray(before.lengths), np.asarray(logits)
-        kv_before = np.asarray(before.k + before.v)  # [2 * layers, B, K, S, D]
-        kv_after = np.asarray(self.cache.k + self.cache.v)
+        kv_before = np.stack([before.k, before.v])  # [2, L, B (a page per row), K, S, D]
+        kv_after = np.stack([self.cache.k, self.cache.v])
         for b, n in enumerate(num_new):
             self.logits[b, lengths[b]:lengths[b] + n] = logits[b, :n]
             if n == 0:  # an idle row's cache must be left exactly as it was
-                np.testing.assert_array_equal(kv_after[:, b], kv_before[:, b])
+                np.testing.assert_array_equal(kv_after[:, :, b], kv_before[:, :, b])
         np.testing.assert_array_equal(self.cache.lengths, lengths + np.asarray(num_new))
 
 
@@ -99,7 +114,7 @@ def test_rows_in_scattered_pages_match_the_full_forward():
 
     full = np.asarray(forward(params, config, jnp.asarray(seqs)))
     assert np.abs(logits - full).max() <= TOL
-    assert not np.asarray(cache.k[0][pages[8]]).any()
+    assert not np.asarray(cache.k[:, pages[8]]).any()
 
 
 def test_rows_sharing_a_prompts_pages_continue_like_their_own_prefill():
@@ -129,6 +144,76 @@ def test_cache_in_another_dtype_than_the_model(model_dtype, cache_dtype):
 
     logits, cache = forward_cached(params, config, tokens, cache)
 
-    assert cache.k[0].dtype == jnp.dtype(cache_dtype) and logits.dtype == jnp.float32
+    assert cache.k.dtype == jnp.dtype(cache_dtype) and logits.dtype == jnp.float32
     # bf16 on either side keeps ~3 significant digits; the tiny model's logits are O(1).
     np.testing.assert_allclose(logits, forward(params, config, tokens), atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_paged_decode_attention_matches_attention_over_the_gathered_rows(dtype):
+    """`attend_pages` (one page per loop step, online softmax) against `attention` over each
+    row's gathered slots: rows of different lengths in scattered pages, a row whose last page is
+    only partly visible, pages past the longest row never read."""
+    config, _ = tiny_random_model("qwen3", dtype=dtype, num_layers=3)
+    rng = np.random.default_rng(6)
+    page_size, width, num_pages = 4, 5, 17
+    k, v = (jnp.asarray(rng.standard_normal((config.num_layers, num_pages, config.num_kv_heads,
+                                             page_size, config.head_dim)), config.jnp_dtype)
+            for _ in range(2))
+    tables = jnp.asarray(rng.permutation(num_pages)[:3 * width].reshape(3, width), jnp.int32)
+    lengths = jnp.asarray([13, 1, 6], jnp.int32)  # the longest row ends inside page 4 of 5
+    q = jnp.asarray(rng.standard_normal((3, 1, config.num_heads, config.head_dim)),
+                    config.jnp_dtype)
+    cache = KVCache(k=k, v=v, block_table=tables, lengths=lengths)
+
+    out = attend_pages(q, k, v, 1, tables, lengths)
+
+    rows_k, rows_v = read_rows(cache, k, 1), read_rows(cache, v, 1)
+    mask = jnp.arange(width * page_size)[None, None, :] < lengths[:, None, None]
+    expected = attention(q, rows_k, rows_v, mask)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               atol=tol, rtol=tol)
+    # Pages past the longest row are not read: NaN values there would reach the output.
+    poisoned = v.at[1, tables[:, 3:]].set(jnp.nan)
+    shorter = jnp.asarray([12, 1, 6], jnp.int32)
+    assert np.isfinite(np.asarray(attend_pages(q, k, poisoned, 1, tables, shorter))).all()
+    assert np.isnan(np.asarray(attend_pages(q, k, poisoned, 1, tables, lengths))[0]).all()
+
+
+def _decode_program(num_layers, num_pages=40, page_size=8, slots=4):
+    """The compiled decode call of the engine for a tiny Qwen3 of `num_layers` layers (abstract
+    inputs: nothing is allocated)."""
+    config, _ = tiny_random_model("qwen3", num_layers=num_layers)
+    params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    pages = jax.eval_shape(lambda: empty_pages(config, num_pages, page_size))
+    shape = jax.ShapeDtypeStruct
+    rows = shape((slots,), jnp.int32)
+    return decode_chunk.lower(
+        params, pages, shape((slots, 4), jnp.int32), rows, rows, shape((slots,), bool), rows,
+        shape((slots, 2), jnp.uint32), shape((1,), jnp.int32), shape((), jnp.int32),
+        config=config, sampling=SamplingParams(temperature=1.0, top_p=0.9), chunk=8,
+        forward_fn=forward_cached).compile()
+
+
+def _opcodes(compiled) -> collections.Counter:
+    """How often each HLO opcode appears in a compiled program."""
+    return collections.Counter(re.findall(r"^\s*(?:ROOT )?%\S+ = .*?\s([a-z][a-z0-9-]*)\(",
+                                          compiled.as_text(), flags=re.M))
+
+
+def test_the_decode_program_is_the_same_at_any_depth():
+    """The layers run under one loop: 28 layers compile the same instructions as 4 (only the
+    stacked arrays' leading axis differs), so compile time does not grow with depth."""
+    shallow, deep = _opcodes(_decode_program(4)), _opcodes(_decode_program(28))
+    assert shallow == deep
+    assert shallow["while"] >= 2  # the decode steps, and the layers inside them
+
+
+def test_the_decode_program_updates_the_page_pools_in_place():
+    """The donated pools are the outputs' buffers and no temporary holds a copy of one."""
+    compiled = _decode_program(4, num_pages=400)
+    pool_bytes = 4 * math.prod(pool_shape(tiny_random_model("qwen3", num_layers=4)[0], 400, 8))
+    memory = compiled.memory_analysis()
+    assert memory.alias_size_in_bytes >= 2 * pool_bytes
+    assert memory.temp_size_in_bytes < pool_bytes

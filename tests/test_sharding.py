@@ -100,7 +100,7 @@ def test_sharded_cache_decoding_matches_single_device():
     tokens, _ = _batch(config.vocab_size)
     cache = init_cache(config, batch=8, max_len=16)
     specs = sharding.cache_specs(config, mesh, batch=8)
-    assert specs.k == (P("fsdp", "tp", None, None),) * config.num_layers
+    assert specs.k == P(None, "fsdp", "tp", None, None)
     assert specs.lengths == P("fsdp")
 
     expected, _ = forward_cached(params, config, tokens, cache)

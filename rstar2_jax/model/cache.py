@@ -9,12 +9,19 @@ share the memory (pages of a common prompt can even be shared by several rows: a
 writes past its own length). A contiguous cache is the special case of one page per row
 (`init_cache`).
 
-Layout: one array per layer, [num_pages, kv_heads, page_size, head_dim]. A row's pages are
-gathered into [batch, kv_heads, slots, head_dim] for attention, so each kv head's keys and values
-are contiguous blocks; the cached forward loops over layers in Python, because slicing a layer
-out of stacked [layers, ...] weights or caches inside a loop copies it on XLA:CPU (the whole cache
-and all the weights at every decode step). `decode_layout` unstacks the weights once for a decode
-loop.
+Layout: keys and values of all layers are one array each, [layers, num_pages, kv_heads,
+page_size, head_dim]; a page of one layer (all its kv heads) is one contiguous block, the unit
+every read gathers. The cached forward is one `lax.scan` over the stacked layer weights (one
+layer to compile, whatever the depth) that carries the pools: each layer scatters its new keys
+and values into them in place and gathers its rows' pages from them, so no per-layer slice of
+a pool is ever copied (a caller that donates the pools, as the sampler's decode call does,
+updates them in place).
+
+A decode step (one token per row) attends in `attend_pages` on CPU: page by page up to the
+longest row, each page of every row gathered into a cache-sized temporary. Elsewhere, and for
+prefill, each row's whole block table is gathered into [B, kv_heads, slots, head_dim] and
+`attention` runs over it (on a GPU a loop of small kernels per page would cost more than the
+copy).
 """
 from __future__ import annotations
 
@@ -38,25 +45,24 @@ from rstar2_jax.model.transformer import (
 class KVCache:
     """Keys/values of every layer in pages, each row's pages, and how many tokens each row holds.
 
-    k, v         tuples of num_layers arrays, each [num_pages, num_kv_heads, page_size, head_dim]
-                 (keys after RoPE)
+    k, v         [num_layers, num_pages, num_kv_heads, page_size, head_dim] (keys after RoPE)
     block_table  [batch, pages_per_row] int32: the pages of row b in position order; entries past
                  the row's last page are never read unmasked (any page id will do)
     lengths      [batch] int32: row b holds positions 0 .. lengths[b]-1
     """
 
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
+    k: jax.Array
+    v: jax.Array
     block_table: jax.Array
     lengths: jax.Array
 
     @property
     def page_size(self) -> int:
-        return self.k[0].shape[2]
+        return self.k.shape[3]
 
     @property
     def num_pages(self) -> int:
-        return self.k[0].shape[0]
+        return self.k.shape[1]
 
     @property
     def max_len(self) -> int:
@@ -64,16 +70,16 @@ class KVCache:
         return self.block_table.shape[1] * self.page_size
 
 
+def pool_shape(config: ModelConfig, num_pages: int, page_size: int) -> tuple[int, ...]:
+    """The shape of the key (or value) pool: [layers, num_pages, kv_heads, page_size, head_dim]."""
+    return (config.num_layers, num_pages, config.num_kv_heads, page_size, config.head_dim)
+
+
 def empty_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None):
-    """Zeroed page pools `(k, v)`, each a tuple of num_layers [num_pages, kv_heads, page_size,
-    head_dim] arrays in `dtype` (default: the model's dtype)."""
-    shape = (num_pages, config.num_kv_heads, page_size, config.head_dim)
+    """Zeroed page pools `(k, v)`, each `pool_shape` in `dtype` (default: the model's dtype)."""
+    shape = pool_shape(config, num_pages, page_size)
     dtype = dtype or config.jnp_dtype
-
-    def zeros():  # a buffer per layer and per k/v: buffers are donated and updated in place
-        return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-
-    return zeros(), zeros()
+    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
@@ -83,23 +89,10 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVC
                    lengths=jnp.zeros((batch,), jnp.int32))
 
 
-def decode_layout(params: dict) -> dict:
-    """`params` with `layers` as a list of per-layer pytrees (a copy of the stacked weights).
-
-    `forward_cached` accepts either layout; a decode loop converts once, outside the loop, so
-    that its steps read each layer's weights in place. Params without stacked layers (already
-    converted, or a stand-in policy's) are returned as they are.
-    """
-    layers = params.get("layers")
-    if not isinstance(layers, dict):
-        return params
-    num_layers = jax.tree.leaves(layers)[0].shape[0]
-    return dict(params, layers=[jax.tree.map(lambda w, i=i: w[i], layers) for i in range(num_layers)])
-
-
-def write_tokens(cache: KVCache, layer: jax.Array, new: jax.Array, num_new: jax.Array) -> jax.Array:
-    """Scatters new [B, K, T, D] into a layer's pages at positions lengths .. lengths + T - 1;
-    tokens past `num_new` [B] (pads) and past a row's block table are dropped."""
+def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
+                 num_new: jax.Array) -> jax.Array:
+    """Scatters new [B, K, T, D] into `layer`'s pages of `pool` at positions lengths ..
+    lengths + T - 1; tokens past `num_new` [B] (pads) and past a row's block table are dropped."""
     t = new.shape[2]
     positions = cache.lengths[:, None] + jnp.arange(t)  # [B, T]
     table_width = cache.block_table.shape[1]
@@ -108,19 +101,60 @@ def write_tokens(cache: KVCache, layer: jax.Array, new: jax.Array, num_new: jax.
     keep = (jnp.arange(t) < num_new[:, None]) & (positions < cache.max_len)
     page = jnp.where(keep, page, cache.num_pages)[:, None, :]  # out of range: dropped
     offset = (positions % cache.page_size)[:, None, :]
-    heads = jnp.arange(layer.shape[1])[None, :, None]
-    return layer.at[page, heads, offset].set(new.astype(layer.dtype), mode="drop")
+    heads = jnp.arange(pool.shape[2])[None, :, None]
+    return pool.at[layer, page, heads, offset].set(new.astype(pool.dtype), mode="drop")
 
 
-def read_rows(cache: KVCache, layer: jax.Array) -> jax.Array:
-    """Each row's slots [B, K, pages_per_row * page_size, D], gathered from a layer's pages."""
-    num_pages, heads, page_size, dim = layer.shape
-    batch, width = cache.block_table.shape
-    # Pages and heads flattened together, so that the gather lands in [B, K, W, P, D] order
-    # and the reshape to [B, K, S, D] moves nothing.
-    index = cache.block_table[:, None, :] * heads + jnp.arange(heads)[None, :, None]
-    rows = layer.reshape(num_pages * heads, page_size, dim)[index]
-    return rows.reshape(batch, heads, width * page_size, dim)
+def read_pages(pool: jax.Array, layer, table: jax.Array) -> jax.Array:
+    """`layer`'s pages `table` [B, W] of `pool`: [B, W, K, page_size, D]."""
+    layers, num_pages, *page = pool.shape
+    return pool.reshape(layers * num_pages, *page)[layer * num_pages + table]
+
+
+def read_rows(cache: KVCache, pool: jax.Array, layer) -> jax.Array:
+    """Each row's slots [B, K, pages_per_row * page_size, D], gathered from `layer`'s pages."""
+    pages = read_pages(pool, layer, cache.block_table)  # [B, W, K, P, D]
+    batch, width, heads, page_size, dim = pages.shape
+    return pages.transpose(0, 2, 1, 3, 4).reshape(batch, heads, width * page_size, dim)
+
+
+def attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
+                 table: jax.Array, lengths: jax.Array,
+                 precision: jax.lax.Precision | None = None) -> jax.Array:
+    """Single-token attention over each row's pages, one page per loop step, up to the longest
+    row: q [B, 1, H, D], `layer`'s pages of `table` [B, W], row b sees its positions below
+    lengths[b] (>= 1). Returns [B, 1, H, D]; `precision` is the matmuls'.
+
+    A step gathers one page of every row ([B, K, page_size, D], cache-sized) instead of every
+    row's whole table, and the loop stops at the longest row instead of the table's width: the
+    keys and values are read from memory about once. The softmax runs online across pages
+    (flash-decoding), in float32.
+    """
+    batch, _, num_heads, dim = q.shape
+    heads, page_size = k_pool.shape[2], k_pool.shape[3]
+    q = q.reshape(batch, heads, num_heads // heads, dim)
+
+    def page(i, carry):
+        row_max, row_sum, out = carry  # float32 [B, K, G], [B, K, G], [B, K, G, D]
+        k, v = (read_pages(pool, layer, table[:, i, None])[:, 0].astype(q.dtype)
+                for pool in (k_pool, v_pool))  # [B, K, P, D]
+        scores = jnp.einsum("bkgd,bkpd->bkpg", q, k, precision=precision,
+                            preferred_element_type=jnp.float32) * dim**-0.5
+        visible = i * page_size + jnp.arange(page_size) < lengths[:, None]  # [B, P]
+        scores = jnp.where(visible[:, None, :, None], scores, -jnp.inf)
+        new_max = jnp.maximum(row_max, scores.max(axis=2))
+        rescale = jnp.exp(row_max - new_max)
+        probs = jnp.exp(scores - new_max[:, :, None, :])
+        out = out * rescale[..., None] + jnp.einsum(
+            "bkpg,bkpd->bkgd", probs.astype(v.dtype), v, precision=precision,
+            preferred_element_type=jnp.float32)
+        return new_max, row_sum * rescale + probs.sum(axis=2), out
+
+    group = (batch, heads, num_heads // heads)
+    init = (jnp.full(group, -jnp.inf), jnp.zeros(group), jnp.zeros((*group, dim)))
+    pages = (jnp.max(lengths) + page_size - 1) // page_size
+    _, row_sum, out = jax.lax.fori_loop(0, pages, page, init)
+    return (out / row_sum[..., None]).astype(q.dtype).reshape(batch, 1, num_heads, dim)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "last_only"))
@@ -128,7 +162,7 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
                    num_new: jax.Array | None = None, *, last_only: bool = False):
     """Appends new tokens to each row's cache and returns their logits.
 
-    params   the model's params, layers stacked or as a list (see `decode_layout`)
+    params   the model's params (layers stacked, see `params.py`)
     tokens   int32 [B, T]: new tokens, right-padded within the chunk (T = 1 is a decode step)
     num_new  int32 [B]: how many of each row's T tokens are real (default T). 0 leaves the row's
              cache unchanged.
@@ -147,26 +181,34 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
     positions = cache.lengths[:, None] + jnp.arange(t)  # [B, T]
     mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [B, T, S]
 
-    x = embed(params, tokens)
-    new_k, new_v = [], []
-    for i, layer in enumerate(decode_layout(params)["layers"]):
-        def attend(q, k, v, i=i):
-            new_k.append(write_tokens(cache, cache.k[i], k, num_new))
-            new_v.append(write_tokens(cache, cache.v[i], v, num_new))
+    def layer_step(carry, p):
+        x, k_pool, v_pool, layer = carry
+        pools = {}
+
+        def attend(q, k, v):
+            pools["k"] = write_tokens(cache, k_pool, layer, k, num_new)
+            pools["v"] = write_tokens(cache, v_pool, layer, v, num_new)
+            if t == 1 and jax.default_backend() == "cpu":  # see the module docstring
+                return attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
+                                    cache.lengths + 1, config.precision)
             # The cache may be stored in another dtype than the model computes in.
-            k, v = (read_rows(cache, pages).astype(q.dtype) for pages in (new_k[-1], new_v[-1]))
+            k, v = (read_rows(cache, pools[n], layer).astype(q.dtype) for n in ("k", "v"))
             return attention(q, k, v, mask, precision=config.precision)
 
-        x = decoder_layer(config, layer, x, positions, None, attend)
+        x = decoder_layer(config, p, x, positions, None, attend)
+        return (x, pools["k"], pools["v"], layer + 1), None
+
+    (x, k, v, _), _ = jax.lax.scan(
+        layer_step, (embed(params, tokens), cache.k, cache.v, jnp.int32(0)), params["layers"])
     hidden = final_norm(params, config, x)
     if last_only:
         hidden = hidden[jnp.arange(batch), jnp.maximum(num_new - 1, 0)]  # [B, E]
-    new_cache = cache.replace(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + num_new)
+    new_cache = cache.replace(k=k, v=v, lengths=cache.lengths + num_new)
     return logits_from_hidden(params, config, hidden), new_cache
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
 def copy_pages(pages: tuple, src: jax.Array, dst: jax.Array) -> tuple:
     """`pages` (a pytree of page pools, e.g. `(k, v)`) with pages src[i] copied to dst[i]
-    (int32 [N] each); out-of-range dst entries are dropped (padding)."""
-    return jax.tree.map(lambda layer: layer.at[dst].set(layer[src], mode="drop"), pages)
+    (int32 [N] each) in every layer; out-of-range dst entries are dropped (padding)."""
+    return jax.tree.map(lambda pool: pool.at[:, dst].set(pool[:, src], mode="drop"), pages)

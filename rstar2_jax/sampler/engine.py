@@ -28,9 +28,9 @@ Per-row state (history, pages, pending token, budget, key) lives on the host and
 each call, so moving a row between slots costs nothing. Shapes are static: `num_slots`, `chunk`
 and the pool are fixed per `Engine`; prefill widths and the block table's width are rounded up
 to power-of-two buckets, so nothing recompiles once buckets are warm. The table a decode step
-reads follows the longest active row: a decode step attends over every position of its table, so
-a table sized for the longest possible response would make every step as slow as the last step
-of the longest one.
+reads follows the longest active row: on an accelerator a decode step attends over every position
+of its table, so a table sized for the longest possible response would make every step as slow
+as the last step of the longest one (on CPU a step reads pages up to its longest row only).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax.model import KVCache, ModelConfig, forward_cached
-from rstar2_jax.model.cache import copy_pages, decode_layout, empty_pages
+from rstar2_jax.model.cache import copy_pages, empty_pages
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 # Positions the narrowest block table covers.
@@ -57,6 +57,9 @@ PREFILL_ROWS = 8
 PREFILL_WIDTH = 512
 # Prompts that can be staged at once (each holds its pages until all its samples started).
 STAGE_ROWS = 8
+# Pages copied per `copy_pages` call (admitted rows' partial prompt pages), padded: one program
+# per pool, compiled with the first admission rather than for each new number of rows.
+COPY_PAGES = 8
 
 
 def sequence_keys(seed: int, count: int, first: int = 0) -> np.ndarray:
@@ -107,7 +110,6 @@ def decode_chunk(params, pages, block_table, lengths, pending, active, budget, k
     """
     num_slots = pending.shape[0]
     rows = jnp.arange(num_slots)
-    params = decode_layout(params)  # once per call, not per step
     cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths)
     out = ChunkOutput(
         tokens=jnp.zeros((num_slots, chunk), jnp.int32),
@@ -351,11 +353,11 @@ class Engine:
             self.active[row] = True
             self.order[row] = self._admitted
             self._admitted += 1
-        if src:
-            n = bucket(len(src), minimum=1)
-            pad = [self.num_pages] * (n - len(src))  # out of range: dropped
-            self.pages = copy_pages(self.pages, np.asarray(src + [0] * len(pad), np.int32),
-                                    np.asarray(dst + pad, np.int32))
+        for i in range(0, len(src), COPY_PAGES):
+            pad = COPY_PAGES - len(src[i:i + COPY_PAGES])
+            self.pages = copy_pages(
+                self.pages, np.asarray(src[i:i + COPY_PAGES] + [0] * pad, np.int32),
+                np.asarray(dst[i:i + COPY_PAGES] + [self.num_pages] * pad, np.int32))  # dropped
 
     def release(self, rows) -> None:
         """Frees rows: their pages go back to the pool."""

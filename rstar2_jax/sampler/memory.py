@@ -12,10 +12,10 @@ always finish; rows beyond what it holds are preempted and resumed. A budget too
 stops before the first rollout with the numbers and the settings to change, instead of running
 out of memory inside a jitted decode step minutes later.
 
-The estimate is an upper bound by construction: it counts the params twice (the decode step
-unstacks the layer weights into a temporary copy), and for every slot the gathered keys and
-values of one layer at the widest block table, the attention scores and the logits and
-top-k/top-p temporaries.
+The estimate is an upper bound by construction: it counts the params plus one layer's weights
+(the decode step's loop over the stacked layers may copy the layer it runs, as XLA:CPU does),
+and for every slot the gathered keys and values of one layer at the widest block table, the
+attention scores and the logits and top-k/top-p temporaries.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ class MemoryPlan:
     """The engine's page pool and its bytes at their largest, and the budget they must fit.
 
     params: the serving params (bytes).
+    layer_params: one layer's share of them (bytes).
     dtype: the serving dtype (params and cache).
     kv_per_token: keys and values of one token of one row, all layers (bytes).
     page_size: tokens per page.
@@ -59,6 +60,7 @@ class MemoryPlan:
     """
 
     params: int
+    layer_params: int
     dtype: str
     kv_per_token: int
     page_size: int
@@ -98,7 +100,8 @@ class MemoryPlan:
     def fixed(self, num_slots: int | None = None) -> int:
         """Bytes besides the pool with ``num_slots`` slots (default: the plan's)."""
         slots = self.num_slots if num_slots is None else num_slots
-        return 2 * self.params + slots * self.per_slot_temporaries + self.prefill_temporaries
+        return (self.params + self.layer_params + slots * self.per_slot_temporaries
+                + self.prefill_temporaries)
 
     @property
     def num_pages(self) -> int:
@@ -158,8 +161,11 @@ def plan_memory(config: ModelConfig, params, *, num_slots: int, num_rows: int, m
     activations = 4 * (config.hidden_size + config.intermediate_size) * 4  # per token, float32
     prefill = PREFILL_ROWS * (gathered + width * (scores + activations) + logits)
     params_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
-    return MemoryPlan(params_bytes, config.dtype, kv_per_token, page_size, num_slots, num_rows,
-                      max_len, max_prompt_len, stage_rows, per_slot, prefill, budget)
+    layers_bytes = sum(math.prod(x.shape) * x.dtype.itemsize
+                       for x in jax.tree.leaves(params.get("layers", {})))
+    return MemoryPlan(params_bytes, layers_bytes // config.num_layers, config.dtype, kv_per_token,
+                      page_size, num_slots, num_rows, max_len, max_prompt_len, stage_rows,
+                      per_slot, prefill, budget)
 
 
 def device_budget(budget_gib: float | None, fraction: float) -> int | None:
@@ -188,8 +194,9 @@ def check_plan(plan: MemoryPlan) -> None:
             advice += " or serve in bfloat16 (rollout.serving_dtype=bfloat16)"
     raise ConfigError(
         f"the rollout engine needs at least {_size(plan.fixed() + least_pool)} but may use "
-        f"{_size(plan.budget)}: {plan.dtype} params {_size(plan.params)} (counted twice: the "
-        f"decode step unstacks the layers), temporaries {_size(plan.fixed() - 2 * plan.params)} "
+        f"{_size(plan.budget)}: {plan.dtype} params {_size(plan.params)} (and one layer's copy, "
+        f"{_size(plan.layer_params)}), temporaries "
+        f"{_size(plan.fixed() - plan.params - plan.layer_params)} "
         f"for {plan.num_slots} slots, and the smallest page pool, {plan.least_pages} pages of "
         f"{plan.page_size} tokens x {_size(plan.kv_per_token)} = {_size(least_pool)} (one row "
         f"of {plan.max_len} tokens and {plan.stage_rows} staged prompts); {advice}, or raise "
