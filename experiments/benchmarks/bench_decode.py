@@ -1,22 +1,57 @@
-"""Decode throughput: our sampler next to transformers `generate`, same weights, same run.
+"""Greedy decode: tokens/s against the memory roofline, and XLA's bytes per step against the least.
 
-    python experiments/benchmarks/bench_decode.py [--new-tokens 128] [--repeats 3]
+    python experiments/benchmarks/bench_decode.py --batches 64 --repeats 3     # CPU: 30M Qwen3 vs transformers
+    python experiments/benchmarks/bench_decode.py --model qwen3-0.6b --dtype bfloat16 \\
+        --batches 1 64 256 --prompt-tokens 128 --new-tokens 256               # an accelerator
+    python experiments/benchmarks/bench_decode.py --model qwen3-0.6b --dtype bfloat16 \\
+        --batches 64 --prompt-tokens 128 --new-tokens 128 --cost-only          # any machine, no weights
+    python experiments/benchmarks/bench_decode.py --compile-depths 4 28        # first call vs depth
 
-The model is the ~30M-parameter Qwen3 config of the issues (hidden 512, intermediate 2048,
-8 layers, 8 heads, 4 KV heads, head_dim 64, vocab 4096, tied embeddings) with random weights,
-written as a Hugging Face checkpoint and loaded by both sides. Both decode greedily for a fixed
-number of new tokens (no early stop) from 32-token prompts; compile / warm-up runs are excluded
-and the median of the repeats is reported. Each measurement runs in its own process, so that
-neither library's thread pools slow the other down.
+Decoding: `rstar2_jax.sampler.generate` of random prompts of ``--prompt-tokens`` tokens, greedy,
+exactly ``--new-tokens`` new tokens per row (no stop token), random weights of the ``--model``
+shape in ``--dtype``; the first call (compilation) is excluded, the median of ``--repeats``
+calls is reported. Each measurement runs in its own process, so that neither library's thread
+pools slow the other down; with ``--rounds N`` each side runs in N processes, the sides
+alternating, and the medians are reported (on a shared machine, so that a change of load hits
+every side alike). Columns:
 
-The last two columns bound what any float32 decoder can reach here: the tokens/s if a decode
-step cost nothing but its weight matmuls ([batch, 512] times every layer's q, k, v, o, gate,
-up, down and the vocab head), timed as one jitted loop of exactly those matmuls, with no
-attention, norms, cache writes or sampling.
+- ``ours``: tokens/s (batch x new tokens / seconds of the call, prefill included), and the
+  ``first call`` (compilation and one call);
+- ``transformers`` (on CPU, or with ``--transformers``): its `generate` on the same weights
+  (written as a Hugging Face checkpoint), float32 or bfloat16 as ``--dtype``, and ours / its;
+- ``roofline``: the fraction of the memory-bandwidth bound reached. A decode step must read the
+  params once and each row's keys and values once, so the call cannot take less than
+  ``sum over its steps of (param bytes + batch x context x KV bytes per token) / bandwidth``;
+  the bandwidth is the device's HBM bandwidth (a datasheet table, by `device_kind`) on an
+  accelerator and a measured device copy (read + write of 512 MiB) elsewhere;
+- on CPU, ``matmul-only``: the tokens/s of a loop doing nothing but a decode step's weight
+  matmuls ([batch, hidden] times every layer's q, k, v, o, gate, up, down and the vocab head,
+  one array per layer and matrix): no attention, norms, cache or sampling. On a CPU, decoding at
+  batch 64 is bound by matmul speed, not memory; ``of it`` is ours / this bound.
+
+XLA's cost analysis of one decode step (before the decoding, or alone with ``--cost-only``: the
+params and the cache are abstract, nothing is allocated, so it works for any shape on any
+machine) at the last step's context (prompt + new tokens), against the least a step must move:
+every param once and each row's live keys and values once. The analysed program is the one an
+accelerator runs (each row's pages gathered for the attention; on CPU a decode step attends page
+by page instead, see `rstar2_jax.model.cache`), compiled by the local backend. XLA counts a
+loop's body once, so the step is compiled with its layer loop unrolled at 1 and 2 layers and
+extrapolated to the model's depth (exact: the layers are identical). XLA also counts a scatter
+as reading and writing its whole operand, even in place: the two scatters per layer that write
+the new token's key and value into the page pools are then counted as moving both pools, which
+they do not (the pools are updated in place: `tests/test_model_cache.py`); the figure is given
+as XLA counts it and with those scatters at the bytes they write.
+
+``--compile-depths 4 28``: the first `generate()` call (compilation included) of a tiny Qwen3
+(``--model qwen3-tiny``: hidden 256) at each depth, each in a fresh process, and their ratio.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import functools
+import json
 import statistics
 import subprocess
 import sys
@@ -25,73 +60,174 @@ import time
 
 import numpy as np
 
-CONFIG = dict(vocab_size=4096, hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
-              num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-              tie_word_embeddings=True, max_position_embeddings=4096)
+import hlo_bytes
+from bench_rollout import copy_bandwidth
+from bench_train_step import MODELS as TRAIN_MODELS
+
+from rstar2_jax.model import ModelConfig
+
+MODELS = TRAIN_MODELS | {
+    "qwen3-tiny": ModelConfig(model_type="qwen3", vocab_size=4096, hidden_size=256,
+                              intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2,
+                              head_dim=64, qk_norm=True, tie_embeddings=True,
+                              max_position_embeddings=4096),
+}
+
+# HBM bandwidth per chip from the vendors' datasheets, by a substring of jax's device_kind
+# (more specific names first).
+BANDWIDTHS = {
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,  # SXM
+    "H200": 4.8e12,
+    "A100": 2.04e12,  # 80 GB SXM
+    "MI300X": 5.3e12,
+    "MI250X": 3.2e12,
+    "TPU v4": 1.2e12,
+    "TPU v5 lite": 0.82e12,  # v5e
+    "TPU v5": 2.77e12,  # v5p
+    "TPU v6 lite": 1.64e12,  # v6e
+}
 
 
-def write_checkpoint(path: str) -> None:
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.Qwen3Config(**CONFIG), dtype=torch.float32)
-    model.save_pretrained(path)
+def model_config(args) -> ModelConfig:
+    config = dataclasses.replace(MODELS[args.model], dtype=args.dtype)
+    return dataclasses.replace(config, num_layers=args.layers) if args.layers else config
 
 
-def time_ours(path, prompts, new_tokens, repeats):
-    from rstar2_jax.model import load_hf
+def param_bytes(config: ModelConfig) -> int:
+    """Bytes a decode step must read: every param once (the embedding table is read whole only
+    as the tied output head; the rows a step embeds are negligible)."""
+    import jax
+
+    from rstar2_jax.model import param_shapes
+
+    shapes = jax.tree.leaves(param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+    total = sum(int(np.prod(s)) for s in shapes)
+    if not config.tie_embeddings:
+        total -= config.vocab_size * config.hidden_size
+    return total * np.dtype(config.jnp_dtype).itemsize
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * np.dtype(config.jnp_dtype).itemsize
+
+
+def bandwidth() -> tuple[float, str]:
+    """Bytes/s of the default device: its datasheet HBM bandwidth, else a measured copy."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    for name, value in BANDWIDTHS.items():
+        if name in kind and jax.default_backend() != "cpu":
+            return value, f"{name} datasheet"
+    return copy_bandwidth(), "measured copy"
+
+
+@contextlib.contextmanager
+def _gathered_decode():
+    """The accelerators' decode program while a step is traced (see the module docstring)."""
+    from rstar2_jax.model import cache
+
+    in_pages = cache.decode_in_pages
+    cache.decode_in_pages = lambda: False
+    try:
+        yield
+    finally:
+        cache.decode_in_pages = in_pages
+
+
+def decode_step_cost(config: ModelConfig, batch: int, context: int, page_size: int = 32) -> dict:
+    """One greedy decode step of `batch` rows that hold `context - 1` tokens (`context` after
+    it), compiled for the local backend with abstract inputs: the bytes it moves (`hlo_bytes`),
+    XLA's own count, and the least a step must move; its largest instructions."""
+    import jax
+    import jax.numpy as jnp
+
+    from rstar2_jax.model import KVCache, forward_cached, init_params
+    from rstar2_jax.model.cache import empty_pages
+
+    pages = -(-context // page_size)
+    spec = jax.ShapeDtypeStruct
+    params = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+    pools = jax.eval_shape(functools.partial(empty_pages, config, batch * pages, page_size))
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def step(params, pools, tokens, table, lengths):
+        cache = KVCache(k=pools[0], v=pools[1], block_table=table, lengths=lengths)
+        logits, cache = forward_cached(params, config, tokens, cache, last_only=True)
+        return jnp.argmax(logits, axis=-1), (cache.k, cache.v)
+
+    with _gathered_decode():
+        compiled = step.lower(params, pools, spec((batch, 1), jnp.int32),
+                              spec((batch, pages), jnp.int32), spec((batch,), jnp.int32)).compile()
+    moved, parts = hlo_bytes.bytes_moved(compiled.as_text())
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return {"moved": moved, "xla": analysis["bytes accessed"], "parts": parts,
+            "least": param_bytes(config) + batch * context * kv_bytes_per_token(config)}
+
+
+def random_prompts(config: ModelConfig, batch: int, tokens: int) -> list[list[int]]:
+    return np.random.default_rng(0).integers(1, config.vocab_size, (batch, tokens)).tolist()
+
+
+def time_ours(args, config, batch):
+    import jax
+
+    from rstar2_jax.model import init_params
     from rstar2_jax.sampler import generate
 
-    config, params = load_hf(path)
-    generate(params, config, prompts, new_tokens)  # compile
+    params = init_params(config, jax.random.key(0))
+    prompts = random_prompts(config, batch, args.prompt_tokens)
+    start = time.perf_counter()
+    generate(params, config, prompts, args.new_tokens)
+    first = time.perf_counter() - start
     times = []
-    for _ in range(repeats):
+    for _ in range(args.repeats):
         start = time.perf_counter()
-        out = generate(params, config, prompts, new_tokens)
+        out = generate(params, config, prompts, args.new_tokens)
         times.append(time.perf_counter() - start)
-        assert all(len(g.tokens) == new_tokens for g in out)
-    return statistics.median(times)
+        assert all(len(g.tokens) == args.new_tokens for g in out)
+    return {"seconds": statistics.median(times), "first": first}
 
 
-def time_transformers(path, prompts, new_tokens, repeats):
+def time_transformers(args, config, batch):
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.path, dtype=getattr(torch, args.dtype))
     model.eval()
-    ids = torch.as_tensor(np.asarray(prompts, np.int64))
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+    ids = torch.as_tensor(np.asarray(random_prompts(config, batch, args.prompt_tokens), np.int64))
+    kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                   pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
         model.generate(ids, **kwargs)
         times = []
-        for _ in range(repeats):
+        for _ in range(args.repeats):
             start = time.perf_counter()
             out = model.generate(ids, **kwargs)
             times.append(time.perf_counter() - start)
-            assert out.shape[1] == ids.shape[1] + new_tokens
-    return statistics.median(times)
+            assert out.shape[1] == ids.shape[1] + args.new_tokens
+    return {"seconds": statistics.median(times)}
 
 
-def time_matmul_floor(path, prompts, new_tokens, repeats):
+def time_matmul_floor(args, config, batch):
     """Seconds for `new_tokens` steps of a decode step's matmuls alone (see the module doc)."""
     import jax
     import jax.numpy as jnp
 
-    from rstar2_jax.model import load_hf
+    from rstar2_jax.model import init_params
 
-    config, params = load_hf(path)
+    params = init_params(config, jax.random.key(0))
     layers = params["layers"]
-    # One array per layer and matrix: slicing a stacked array inside the loop would copy it.
     names = ("q", "k", "v", "o", "gate", "up", "down")
     shapes = {"q": (config.hidden_size, -1), "k": (config.hidden_size, -1),
               "v": (config.hidden_size, -1), "o": (-1, config.hidden_size)}
+    # One array per layer and matrix: none is sliced out of a stacked array inside the loop.
     weights = [{n: layers[n][i].reshape(shapes.get(n, layers[n][i].shape)) for n in names}
                for i in range(config.num_layers)]
     head = params["embed"].T
-    x = jnp.ones((len(prompts), config.hidden_size), jnp.float32)
+    x = jnp.ones((batch, config.hidden_size), config.jnp_dtype)
 
     @jax.jit
     def steps(x, weights, head):
@@ -101,58 +237,163 @@ def time_matmul_floor(path, prompts, new_tokens, repeats):
                 x = x + attn[:, : w["q"].shape[1]] @ w["o"]
                 x = x + ((x @ w["gate"]) * (x @ w["up"])) @ w["down"]
             return x + (x @ head)[:, : x.shape[1]] * 1e-6
-        return jax.lax.fori_loop(0, new_tokens, step, x)
+        return jax.lax.fori_loop(0, args.new_tokens, step, x)
 
-    args = (x, weights, head)
-    jax.block_until_ready(steps(*args))
+    jax.block_until_ready(steps(x, weights, head))
     times = []
-    for _ in range(repeats):
+    for _ in range(args.repeats):
         start = time.perf_counter()
-        jax.block_until_ready(steps(*args))
+        jax.block_until_ready(steps(x, weights, head))
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return {"seconds": statistics.median(times)}
 
 
-def measure(side: str, path: str, batch: int, args) -> float:
-    """Seconds per call of `side` ("ours" | "transformers" | "floor"), in a fresh process."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--side", side, "--path", path, "--batches", str(batch),
-         "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
-         "--repeats", str(args.repeats)],
-        check=True, capture_output=True, text=True)
-    return float(out.stdout.strip().splitlines()[-1])
+def time_first_call(args, config, batch):
+    """The first `generate()` call of a fresh process: compilation and one run."""
+    import jax
+
+    from rstar2_jax.model import init_params
+    from rstar2_jax.sampler import generate
+
+    params = jax.block_until_ready(init_params(config, jax.random.key(0)))
+    start = time.perf_counter()
+    generate(params, config, random_prompts(config, batch, args.prompt_tokens), args.new_tokens)
+    return {"seconds": time.perf_counter() - start}
+
+
+SIDES = {"ours": time_ours, "transformers": time_transformers, "floor": time_matmul_floor,
+         "first": time_first_call}
+
+
+def measure(side: str, args, batch: int, layers: int | None = None) -> dict:
+    """`side`'s measurement at `batch` rows, in a fresh process."""
+    argv = [sys.executable, __file__, "--side", side, "--batches", str(batch),
+            "--model", args.model, "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
+            "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+    if args.path:
+        argv += ["--path", args.path]
+    if layers or args.layers:
+        argv += ["--layers", str(layers or args.layers)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def write_checkpoint(config: ModelConfig, path: str) -> None:
+    """Random weights of `config`'s shape as a Hugging Face checkpoint (float32)."""
+    import torch
+    import transformers
+
+    hf = config.to_hf_dict()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(hf.pop("model_type"), **hf), dtype=torch.float32)
+    model.save_pretrained(path)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB" if x >= 1e8 else f"{x / 1e6:.1f} MB"
+
+
+def print_cost(args, config, batch: int) -> None:
+    context = args.prompt_tokens + args.new_tokens
+    cost = decode_step_cost(config, batch, context)
+    print(f"one decode step, batch {batch}, context {context}: moves {_gb(cost['moved'])}, "
+          f"{cost['moved'] / cost['least']:.2f}x the least {_gb(cost['least'])} (params "
+          f"{_gb(param_bytes(config))} + keys/values "
+          f"{_gb(batch * context * kv_bytes_per_token(config))}); XLA's cost analysis: "
+          f"{_gb(cost['xla'])}. Largest instructions:", flush=True)
+    for moved, name, source in cost["parts"][:args.show]:
+        print(f"    {_gb(moved):>10}  {name} ({source})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-30m")
+    parser.add_argument("--layers", type=int, help="override the model's depth")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--side", choices=["ours", "transformers", "floor"], help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per process")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="processes per side, alternating; medians over all")
+    parser.add_argument("--transformers", action="store_true",
+                        help="compare with transformers off CPU too")
+    parser.add_argument("--cost-only", action="store_true", help="only the decode step's bytes")
+    parser.add_argument("--show", type=int, default=6, help="largest instructions to list")
+    parser.add_argument("--compile-depths", type=int, nargs="+",
+                        help="time the first generate() call at these depths instead")
+    parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.side:  # a child: one measurement, printed on the last line
-        batch = args.batches[0]
-        prompts = np.random.default_rng(0).integers(
-            1, CONFIG["vocab_size"], (batch, args.prompt_tokens)).tolist()
-        timer = {"ours": time_ours, "transformers": time_transformers,
-                 "floor": time_matmul_floor}[args.side]
-        print(timer(args.path, prompts, args.new_tokens, args.repeats))
+    if args.side:  # a child: one measurement, printed as JSON on the last line
+        print(json.dumps(SIDES[args.side](args, model_config(args), args.batches[0])))
         return
-    with tempfile.TemporaryDirectory() as path:
-        write_checkpoint(path)
-        print(f"{'batch':>5} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6} "
-              f"{'matmul-only tok/s':>18} {'its ratio':>9}")
-        for batch in args.batches:
-            ours = measure("ours", path, batch, args)
-            theirs = measure("transformers", path, batch, args)
-            floor = measure("floor", path, batch, args)
-            tokens = batch * args.new_tokens
-            print(f"{batch:>5} {tokens / ours:>11.0f} {tokens / theirs:>19.0f} "
-                  f"{theirs / ours:>6.2f} {tokens / floor:>18.0f} {theirs / floor:>9.2f}",
-                  flush=True)
 
+    import jax
+
+    if args.compile_depths:
+        if args.model == parser.get_default("model"):
+            args.model = "qwen3-tiny"
+        print(f"first generate() call, {args.model}, batch {args.batches[0]}, "
+              f"{args.prompt_tokens} + {args.new_tokens} tokens, {jax.default_backend()}:")
+        runs = {depth: [] for depth in args.compile_depths}
+        for _ in range(args.rounds):
+            for depth in args.compile_depths:
+                runs[depth].append(measure("first", args, args.batches[0], layers=depth)["seconds"])
+        for depth, times in runs.items():
+            print(f"  {depth:3d} layers: {statistics.median(times):6.1f} s  "
+                  f"({', '.join(f'{t:.1f}' for t in times)})")
+        low, high = min(runs), max(runs)
+        print(f"  {high} / {low} layers: "
+              f"{statistics.median(runs[high]) / statistics.median(runs[low]):.2f}x")
+        return
+
+    config = model_config(args)
+    print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}; "
+          f"model {args.model}: {config.num_layers} layers, {args.dtype}, params "
+          f"{_gb(param_bytes(config))}, keys/values {kv_bytes_per_token(config) / 1024:.0f} KiB "
+          f"per token")
+    for batch in args.batches:
+        print_cost(args, config, batch)
+    if args.cost_only:
+        return
+    on_cpu = jax.default_backend() == "cpu"
+    rate, source = bandwidth()
+    print(f"bandwidth: {rate / 1e9:.1f} GB/s ({source})")
+    compare = on_cpu or args.transformers
+    header = f"{'batch':>5} {'ours tok/s':>11} {'first call':>10} {'roofline':>9}"
+    if compare:
+        header += f" {'transformers tok/s':>19} {'ours/theirs':>11}"
+    if on_cpu:
+        header += f" {'matmul-only tok/s':>18} {'of it':>6}"
+    with tempfile.TemporaryDirectory() as path:
+        if compare:
+            write_checkpoint(config, path)
+            args.path = path
+        print(header, flush=True)
+        sides = ["ours"] + ["transformers"] * compare + ["floor"] * on_cpu
+        for batch in args.batches:
+            # Sides alternate over the rounds, so that a change of load hits them alike.
+            runs = {side: [] for side in sides}
+            for _ in range(args.rounds):
+                for side in sides:
+                    runs[side].append(measure(side, args, batch))
+            seconds = {side: statistics.median(r["seconds"] for r in runs[side]) for side in sides}
+            first = statistics.median(r["first"] for r in runs["ours"])
+            tokens = batch * args.new_tokens
+            contexts = args.prompt_tokens + np.arange(1, args.new_tokens + 1)
+            least_s = (args.new_tokens * param_bytes(config)
+                       + batch * contexts.sum() * kv_bytes_per_token(config)) / rate
+            row = (f"{batch:>5} {tokens / seconds['ours']:>11.0f} {first:>9.1f}s "
+                   f"{least_s / seconds['ours']:>9.1%}")
+            if compare:
+                row += (f" {tokens / seconds['transformers']:>19.0f} "
+                        f"{seconds['transformers'] / seconds['ours']:>11.2f}")
+            if on_cpu:
+                row += (f" {tokens / seconds['floor']:>18.0f} "
+                        f"{seconds['floor'] / seconds['ours']:>6.1%}")
+            print(row, flush=True)
 
 if __name__ == "__main__":
     main()

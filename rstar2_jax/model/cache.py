@@ -157,6 +157,11 @@ def attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
     return (out / row_sum[..., None]).astype(q.dtype).reshape(batch, 1, num_heads, dim)
 
 
+def decode_in_pages() -> bool:
+    """Whether a decode step attends page by page (`attend_pages`): on CPU (module docstring)."""
+    return jax.default_backend() == "cpu"
+
+
 @functools.partial(jax.jit, static_argnames=("config", "last_only"))
 def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: KVCache,
                    num_new: jax.Array | None = None, *, last_only: bool = False):
@@ -188,7 +193,7 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
         def attend(q, k, v):
             pools["k"] = write_tokens(cache, k_pool, layer, k, num_new)
             pools["v"] = write_tokens(cache, v_pool, layer, v, num_new)
-            if t == 1 and jax.default_backend() == "cpu":  # see the module docstring
+            if t == 1 and decode_in_pages():
                 return attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
                                     cache.lengths + 1, config.precision)
             # The cache may be stored in another dtype than the model computes in.
