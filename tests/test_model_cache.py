@@ -1,6 +1,7 @@
 """KV-cache decoding reproduces the full causal forward at every position, and the decode
 program runs its layers in one loop over page pools updated in place."""
 import collections
+import dataclasses
 import math
 import re
 
@@ -14,6 +15,7 @@ from rstar2_jax.model import KVCache, forward, forward_cached, init_cache, init_
 from rstar2_jax.model.cache import (
     attend_pages,
     copy_pages,
+    as_bits,
     empty_pages,
     pool_shape,
     read_rows,
@@ -181,12 +183,14 @@ def test_paged_decode_attention_matches_attention_over_the_gathered_rows(dtype):
     assert np.isnan(np.asarray(attend_pages(q, k, poisoned, 1, tables, lengths))[0]).all()
 
 
-def _decode_program(num_layers, num_pages=40, page_size=8, slots=4):
-    """The compiled decode call of the engine for a tiny Qwen3 of `num_layers` layers (abstract
-    inputs: nothing is allocated)."""
+def _decode_program(num_layers, num_pages=40, page_size=8, slots=4, dtype="float32"):
+    """The compiled decode call of the engine for a tiny Qwen3 of `num_layers` layers serving
+    in `dtype`, its pools as the engine keeps them (abstract inputs: nothing is allocated)."""
     config, _ = tiny_random_model("qwen3", num_layers=num_layers)
+    config = dataclasses.replace(config, dtype=dtype)
     params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
-    pages = jax.eval_shape(lambda: empty_pages(config, num_pages, page_size))
+    pages = jax.eval_shape(
+        lambda: tuple(as_bits(pool) for pool in empty_pages(config, num_pages, page_size)))
     shape = jax.ShapeDtypeStruct
     rows = shape((slots,), jnp.int32)
     return decode_chunk.lower(
@@ -210,10 +214,12 @@ def test_the_decode_program_is_the_same_at_any_depth():
     assert shallow["while"] >= 2  # the decode steps, and the layers inside them
 
 
-def test_the_decode_program_updates_the_page_pools_in_place():
-    """The donated pools are the outputs' buffers and no temporary holds a copy of one."""
-    compiled = _decode_program(4, num_pages=400)
-    pool_bytes = 4 * math.prod(pool_shape(tiny_random_model("qwen3", num_layers=4)[0], 400, 8))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_decode_program_updates_the_page_pools_in_place(dtype):
+    """The donated pools are the outputs' buffers and no temporary holds a copy of one (in
+    bfloat16 too, which XLA:CPU would scatter through a float32 copy of the whole pool)."""
+    compiled = _decode_program(4, num_pages=400, dtype=dtype)
+    pool_bytes = jnp.dtype(dtype).itemsize * math.prod(pool_shape(tiny_random_model("qwen3", num_layers=4)[0], 400, 8))
     memory = compiled.memory_analysis()
     assert memory.alias_size_in_bytes >= 2 * pool_bytes
     assert memory.temp_size_in_bytes < pool_bytes

@@ -144,16 +144,18 @@ def decode_step_cost(config: ModelConfig, batch: int, context: int, page_size: i
     import jax.numpy as jnp
 
     from rstar2_jax.model import KVCache, forward_cached, init_params
-    from rstar2_jax.model.cache import empty_pages
+    from rstar2_jax.model.cache import as_bits, empty_pages
 
     pages = -(-context // page_size)
     spec = jax.ShapeDtypeStruct
     params = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
-    pools = jax.eval_shape(functools.partial(empty_pages, config, batch * pages, page_size))
+    pools = jax.eval_shape(lambda: tuple(  # kept as the sampler keeps them
+        as_bits(pool) for pool in empty_pages(config, batch * pages, page_size)))
 
     @functools.partial(jax.jit, donate_argnums=(1,))
     def step(params, pools, tokens, table, lengths):
-        cache = KVCache(k=pools[0], v=pools[1], block_table=table, lengths=lengths)
+        cache = KVCache(k=pools[0], v=pools[1], block_table=table, lengths=lengths,
+                        dtype=config.jnp_dtype)
         logits, cache = forward_cached(params, config, tokens, cache, last_only=True)
         return jnp.argmax(logits, axis=-1), (cache.k, cache.v)
 

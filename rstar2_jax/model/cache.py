@@ -26,6 +26,7 @@ copy).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax
 import jax
@@ -49,12 +50,20 @@ class KVCache:
     block_table  [batch, pages_per_row] int32: the pages of row b in position order; entries past
                  the row's last page are never read unmasked (any page id will do)
     lengths      [batch] int32: row b holds positions 0 .. lengths[b]-1
+    dtype        (static) the keys' and values' dtype when k and v hold their bits (`as_bits`);
+                 None: the pools' own dtype
     """
 
     k: jax.Array
     v: jax.Array
     block_table: jax.Array
     lengths: jax.Array
+    dtype: Any = flax.struct.field(pytree_node=False, default=None)
+
+    @property
+    def kv_dtype(self):
+        """The dtype of the keys and values (the pools may hold their bits)."""
+        return jnp.dtype(self.dtype or self.k.dtype)
 
     @property
     def page_size(self) -> int:
@@ -102,28 +111,50 @@ def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
     page = jnp.where(keep, page, cache.num_pages)[:, None, :]  # out of range: dropped
     offset = (positions % cache.page_size)[:, None, :]
     heads = jnp.arange(pool.shape[2])[None, :, None]
-    return pool.at[layer, page, heads, offset].set(new.astype(pool.dtype), mode="drop")
+    new = new.astype(cache.kv_dtype)
+    if pool.dtype != new.dtype:  # a pool of bits (`as_bits`)
+        new = jax.lax.bitcast_convert_type(new, pool.dtype)
+    return pool.at[layer, page, heads, offset].set(new, mode="drop")
 
 
-def read_pages(pool: jax.Array, layer, table: jax.Array) -> jax.Array:
-    """`layer`'s pages `table` [B, W] of `pool`: [B, W, K, page_size, D]."""
+def as_bits(pool: jax.Array) -> jax.Array:
+    """A pool of 16-bit floats as its uint16 bits (a `KVCache` with `dtype` set), other pools
+    as they are.
+
+    The sampler keeps its pools this way because XLA:CPU scatters 16-bit floats by converting
+    the whole operand to float32 and back: the pools of every layer, at every layer of every
+    decode step (bfloat16 decode 5-8x slower than float32). Bits are scattered and gathered as
+    they are on every backend, and each gathered page is read back as floats (`read_pages`).
+    """
+    if pool.dtype.itemsize == 2 and jnp.issubdtype(pool.dtype, jnp.floating):
+        return jax.lax.bitcast_convert_type(pool, jnp.uint16)
+    return pool
+
+
+def read_pages(pool: jax.Array, layer, table: jax.Array, dtype=None) -> jax.Array:
+    """`layer`'s pages `table` [B, W] of `pool`: [B, W, K, page_size, D], in `dtype` when the
+    pool holds its bits (`as_bits`)."""
     layers, num_pages, *page = pool.shape
-    return pool.reshape(layers * num_pages, *page)[layer * num_pages + table]
+    pages = pool.reshape(layers * num_pages, *page)[layer * num_pages + table]
+    if dtype is not None and pages.dtype != dtype:
+        pages = jax.lax.bitcast_convert_type(pages, dtype)
+    return pages
 
 
 def read_rows(cache: KVCache, pool: jax.Array, layer) -> jax.Array:
     """Each row's slots [B, K, pages_per_row * page_size, D], gathered from `layer`'s pages."""
-    pages = read_pages(pool, layer, cache.block_table)  # [B, W, K, P, D]
+    pages = read_pages(pool, layer, cache.block_table, cache.kv_dtype)  # [B, W, K, P, D]
     batch, width, heads, page_size, dim = pages.shape
     return pages.transpose(0, 2, 1, 3, 4).reshape(batch, heads, width * page_size, dim)
 
 
 def attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
                  table: jax.Array, lengths: jax.Array,
-                 precision: jax.lax.Precision | None = None) -> jax.Array:
+                 precision: jax.lax.Precision | None = None, dtype=None) -> jax.Array:
     """Single-token attention over each row's pages, one page per loop step, up to the longest
     row: q [B, 1, H, D], `layer`'s pages of `table` [B, W], row b sees its positions below
-    lengths[b] (>= 1). Returns [B, 1, H, D]; `precision` is the matmuls'.
+    lengths[b] (>= 1). Returns [B, 1, H, D]; `precision` is the matmuls', `dtype` the cache's when
+    the pools hold its bits (`as_bits`).
 
     A step gathers one page of every row ([B, K, page_size, D], cache-sized) instead of every
     row's whole table, and the loop stops at the longest row instead of the table's width: the
@@ -136,7 +167,7 @@ def attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
 
     def page(i, carry):
         row_max, row_sum, out = carry  # float32 [B, K, G], [B, K, G], [B, K, G, D]
-        k, v = (read_pages(pool, layer, table[:, i, None])[:, 0].astype(q.dtype)
+        k, v = (read_pages(pool, layer, table[:, i, None], dtype)[:, 0].astype(q.dtype)
                 for pool in (k_pool, v_pool))  # [B, K, P, D]
         scores = jnp.einsum("bkgd,bkpd->bkpg", q, k, precision=precision,
                             preferred_element_type=jnp.float32) * dim**-0.5
@@ -195,7 +226,7 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
             pools["v"] = write_tokens(cache, v_pool, layer, v, num_new)
             if t == 1 and decode_in_pages():
                 return attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
-                                    cache.lengths + 1, config.precision)
+                                    cache.lengths + 1, config.precision, cache.kv_dtype)
             # The cache may be stored in another dtype than the model computes in.
             k, v = (read_rows(cache, pools[n], layer).astype(q.dtype) for n in ("k", "v"))
             return attention(q, k, v, mask, precision=config.precision)

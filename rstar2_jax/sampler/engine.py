@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax.model import KVCache, ModelConfig, forward_cached
-from rstar2_jax.model.cache import copy_pages, empty_pages
+from rstar2_jax.model.cache import as_bits, copy_pages, empty_pages
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 # Positions the narrowest block table covers.
@@ -110,7 +110,8 @@ def decode_chunk(params, pages, block_table, lengths, pending, active, budget, k
     """
     num_slots = pending.shape[0]
     rows = jnp.arange(num_slots)
-    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths)
+    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths,
+                    dtype=config.jnp_dtype)
     out = ChunkOutput(
         tokens=jnp.zeros((num_slots, chunk), jnp.int32),
         logprobs=jnp.zeros((num_slots, chunk), jnp.float32),
@@ -149,7 +150,8 @@ def decode_chunk(params, pages, block_table, lengths, pending, active, budget, k
 def prefill(params, pages, block_table, lengths, tokens, num_new, *, config, forward_fn):
     """Writes `tokens` [rows, T] (`num_new` [rows] real) after each row's `lengths` into its
     pages; returns the updated pools."""
-    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths)
+    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths,
+                    dtype=config.jnp_dtype)
     _, cache = forward_fn(params, config, tokens, cache, num_new=num_new, last_only=True)
     return cache.k, cache.v
 
@@ -221,7 +223,7 @@ class Engine:
         self.sampling = sampling
         self.forward_fn = forward_fn
         self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
-        self.pages = empty_pages(config, num_pages, page_size)
+        self.pages = tuple(as_bits(pool) for pool in empty_pages(config, num_pages, page_size))
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
         self.decode_calls = 0
         self.decode_steps = 0  # model steps run by decode calls (each for all running rows)
