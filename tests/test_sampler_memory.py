@@ -116,7 +116,10 @@ def test_bfloat16_serving_halves_the_cache_and_casts_the_params(model):
 
     trajs, _ = sampler.rollout(model[2], _prompts(model, 1), 2, on_finish=inspect)
     assert len(trajs) == 2 and all(t.response_ids for t in trajs)
-    assert set(map(frozenset, sum(seen, ()))) == {frozenset({jnp.dtype(jnp.bfloat16)})}
+    pages, params = zip(*seen)
+    # The pools hold the bfloat16 keys and values as their 16 bits (`model.cache.as_bits`).
+    assert set(map(frozenset, pages)) == {frozenset({jnp.dtype(jnp.uint16)})}
+    assert set(map(frozenset, params)) == {frozenset({jnp.dtype(jnp.bfloat16)})}
     assert {x.dtype for x in jax.tree.leaves(model[2])} == {jnp.dtype(jnp.float32)}  # not in place
     # On CPU "auto" serves the model's own dtype.
     assert RolloutSettings().serving_config(model[1]).dtype == "float32"
