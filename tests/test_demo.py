@@ -68,8 +68,11 @@ def test_exported_model_greedy_generates_like_transformers(demo):
 
 
 def test_config_keeps_tool_rendering_consistent():
-    with pytest.raises(ConfigError, match="tool output as the SFT demonstrations did"):
+    with pytest.raises(ConfigError, match="render tools as the SFT demonstrations did"):
         load_config(DemoConfig, overrides=["rollout.show_tool_time=true"])
+    for side in ("rollout", "data"):  # sessions in RL only, or in the demonstrations only
+        with pytest.raises(ConfigError, match="tool_session must equal data's"):
+            load_config(DemoConfig, overrides=[f"{side}.tool_session=true"])
     with pytest.raises(ConfigError, match="eval_problems"):
         load_config(DemoConfig, overrides=["eval_problems=100000"])
 

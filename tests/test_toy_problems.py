@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from rstar2_jax.toy.problems import DEFAULT_KINDS, KINDS, make_splits
+from rstar2_jax.toy.problems import DEFAULT_KINDS, KINDS, PRINT_CELL, make_splits
 
 
 def test_same_seed_same_problems_and_different_seed_differs():
@@ -42,6 +42,28 @@ def test_code_prints_the_answer():
         with contextlib.redirect_stdout(out):
             exec(p.code, {})
         assert out.getvalue().strip() == p.answer, p
+
+
+def test_notebook_form_computes_the_answer_from_named_numbers():
+    """``compute_cell`` binds the question's numbers and computes ``ans`` from names only;
+    ``PRINT_CELL`` run after it in the same namespace prints the answer. mod_inverse's naive
+    expression fails where ``naive_code`` does."""
+    import contextlib
+    import io
+
+    train, _ = make_splits(120, 0, seed=7, kinds=list(KINDS))
+    for p in train:
+        assert not re.search(r"\d{3,}", p.expression) and set(_numbers(p.question)) <= set(_numbers(p.setup))
+        namespace, out = {}, io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(p.compute_cell, namespace)
+            assert out.getvalue() == ""
+            exec(PRINT_CELL, namespace)
+        assert out.getvalue().strip() == p.answer, p
+        assert (p.naive_expression is None) == (p.naive_code is None)
+        if p.naive_expression:
+            with pytest.raises(ValueError, match="not invertible"):
+                exec(f"{p.setup}\nans = {p.naive_expression}", {})
 
 
 def _numbers(question):

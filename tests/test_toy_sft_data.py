@@ -2,6 +2,7 @@
 import collections
 import concurrent.futures
 import json
+import re
 
 import pytest
 from transformers import AutoTokenizer
@@ -12,7 +13,7 @@ from rstar2_jax.sandbox import ExecResult, SandboxPool, render_result
 from rstar2_jax.toy import TOY_FORMAT, sft_data
 from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 from rstar2_jax.toy.demo import sft_seq_len
-from rstar2_jax.toy.problems import make_splits
+from rstar2_jax.toy.problems import KINDS, make_splits
 from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.sft_data import Conversations
 
@@ -55,7 +56,7 @@ class _Answers:
 
 
 def test_every_style_appears_and_conversations_encode(demos):
-    assert {d.style for d in demos} == set(sft_data.STYLES)
+    assert {d.style for d in demos} == set(sft_data.STYLES) - {"misspelt_name"}  # sessions only
     tokenizer = build_tokenizer(sft_data.corpus(demos, TOY_FORMAT), vocab_size=800)
     for demo in demos:
         ids, mask = chat.encode_conversation(tokenizer, demo.messages, TOY_FORMAT)
@@ -110,6 +111,52 @@ def test_an_intrinsic_failure_is_in_every_tool_style(pool):
         assert "not invertible" in responses[-2] and responses[-2].startswith("Tool call failure")
         assert responses[-1] == f"Tool call success\nstdout: {problem.answer}"
         assert len(calls) == (2 if demo.style == "tool" else 3)
+
+
+@pytest.fixture(scope="module")
+def session_demos(pool):
+    problems = make_splits(60, 0, seed=5, kinds=list(KINDS))[0]
+    return problems, sft_data.make_demos(problems, pool, ALL_STYLES_MIX, seed=2, max_chars=400,
+                                         show_time=False, session=True)
+
+
+def test_session_demos_slip_at_the_end_of_the_first_call_and_print_ans_next(session_demos, pool):
+    """With sessions, every tool demonstration computes ``ans`` in its first call (numbers bound
+    to names) and prints it with ``print(ans)`` in its last; a slip is a misspelt name on the
+    first call's last line, so a slipped demonstration makes the same calls as a clean one, the
+    first with one more line. Replaying the calls in a fresh session gives the answer."""
+    problems, demos = session_demos
+    assert {d.style for d in demos} == {"tool", "typo", "misspelt_name", "no_tool"}
+    for problem, demo in zip(problems, demos):
+        if demo.style == "no_tool":
+            continue
+        calls = [chat.parse_tool_call(m["content"]) for m in demo.messages[1:-1:2]]
+        responses = [m["content"] for m in demo.messages[2::2]]
+        assert all(c.error is None for c in calls)
+        assert calls[-1].code == "print(ans)" and responses[-1] == f"Tool call success\nstdout: {problem.answer}"
+        assert all(n in calls[0].code for n in re.findall(r"\d{3,}", problem.question))
+        assert len(calls) == 2 + bool(problem.naive_expression)
+        computed = calls[-2].code.split("\n")
+        if demo.style == "tool":
+            assert computed[-1].startswith("ans = ") and responses[-2] == "Tool call success"
+        else:
+            slip = {"typo": "pritn(ans)", "misspelt_name": "print(answer)"}[demo.style]
+            assert computed[-1] == slip and computed[-2].startswith("ans = ")
+            name = slip.split("(")[0] if demo.style == "typo" else "answer"
+            assert f"NameError: name '{name}' is not defined" in responses[-2]
+        with pool.session() as session:
+            results = [session.run(c.code) for c in calls]
+        assert results[-1].stdout.strip() == problem.answer
+
+
+def test_stateless_demos_do_not_change_with_the_session_programs(problems, pool):
+    """The notebook form is a second form of each problem's program: the stateless
+    demonstrations run exactly ``code`` (and its typo), never the notebook form."""
+    demos = sft_data.make_demos(problems, _Answers(problems), sft_data.DemoMix(0.5, 0.5, 0.0), seed=3)
+    for problem, demo in zip(problems, demos):
+        codes = [chat.parse_tool_call(m["content"]).code for m in demo.messages[1:-1:2]
+                 if chat.parse_tool_call(m["content"]).error is None]
+        assert codes[-1] == problem.code and "ans" not in codes[-1]
 
 
 def test_no_tool_demos_answer_the_estimate_at_once(demos, problems):

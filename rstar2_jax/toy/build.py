@@ -2,7 +2,7 @@
 
 Layout of the directory::
 
-    train.jsonl    training problems (question, answer, kind, code, estimate)
+    train.jsonl    training problems (question, answer, kind, code, estimate, notebook form)
     test.jsonl     held-out problems, disjoint from train
     sft.jsonl      demonstrations for the first ``n_sft`` training problems
     tokenizer/     the toy tokenizer in Hugging Face format, trained on the demonstrations
@@ -32,6 +32,10 @@ class ToyDataConfig:
       mix: fractions of demonstration styles.
       tool_response_chars, show_tool_time: how tool results are rendered in the demonstrations;
         the RL rollout must use the same values (``RolloutSettings``) so the model sees one format.
+      tool_session: the demonstrations' calls share one tool session (the testbed's session
+        environment, docs/testbed.md; ``RolloutSettings.tool_session`` must match): a first
+        call computes ``ans`` from the question's numbers bound to names, the next prints it,
+        and a slip in the first call costs no second copy of the numbers (``sft_data``).
     """
 
     n_train: int = 4000
@@ -43,6 +47,7 @@ class ToyDataConfig:
     mix: sft_data.DemoMix = sft_data.DemoMix()
     tool_response_chars: int = 1024
     show_tool_time: bool = False
+    tool_session: bool = False
 
     def __post_init__(self):
         if not 0 < self.n_sft <= self.n_train:
@@ -58,6 +63,7 @@ def build_toy_data(directory: str | os.PathLike, config: ToyDataConfig, executor
     demos = sft_data.make_demos(
         train[: config.n_sft], executor, config.mix, seed=config.seed,
         max_chars=config.tool_response_chars, show_time=config.show_tool_time,
+        session=config.tool_session,
     )
     save_problems(os.path.join(directory, "train.jsonl"), train)
     save_problems(os.path.join(directory, "test.jsonl"), test)

@@ -73,8 +73,8 @@ class DemoConfig:
       model: the toy model's shape.
       sft_epochs, sft_batch_size, sft_optimizer: supervised fine-tuning; the sequence length is
         the longest demonstration's (see ``sft_seq_len``), never a constant.
-      rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering must
-        match ``data``'s, so that RL shows the model what SFT showed it).
+      rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering and
+        ``tool_session`` must match ``data``'s, so that RL shows the model what SFT showed it).
       precision: the precision policy of SFT and RL (``precision.compute=bfloat16`` trains
         with bfloat16 compute and float32 master weights, as on an accelerator); the evaluation
         serves the exported float32 weights under either policy.
@@ -137,12 +137,12 @@ class DemoConfig:
                              max_prompt_tokens=self.rl.max_prompt_tokens)
 
     def __post_init__(self):
-        if (self.rollout.tool_response_chars, self.rollout.show_tool_time) != (
-                self.data.tool_response_chars, self.data.show_tool_time):
+        if (self.rollout.tool_response_chars, self.rollout.show_tool_time, self.rollout.tool_session) != (
+                self.data.tool_response_chars, self.data.show_tool_time, self.data.tool_session):
             raise ValueError(
-                "rollout.tool_response_chars/show_tool_time must equal data's "
-                f"({self.data.tool_response_chars}, {self.data.show_tool_time}): RL must render "
-                "tool output as the SFT demonstrations did")
+                "rollout.tool_response_chars/show_tool_time/tool_session must equal data's "
+                f"({self.data.tool_response_chars}, {self.data.show_tool_time}, {self.data.tool_session}): "
+                "RL must run and render tools as the SFT demonstrations did")
         if not 1 <= self.eval_problems <= self.data.n_test:
             raise ValueError(f"eval_problems must be in 1..data.n_test={self.data.n_test}, "
                              f"got {self.eval_problems}")

@@ -12,7 +12,13 @@ no-tool answers, which are therefore usually wrong.
 One kind, ``mod_inverse`` (not in the default mix, `DEFAULT_KINDS`), makes failing tool calls
 part of correct solutions: for half of its problems the natural program fails, for a reason no
 one can see in the question (a hidden common factor), and its error message says what to do
-instead (the testbed's environment, docs/testbed.md).
+instead (docs/testbed.md).
+
+Each problem's program comes in two forms: ``code``, one stateless program with the numbers
+inline (the main job), and a notebook form for a stateful tool (the testbed's session
+environment, docs/testbed.md): ``compute_cell`` binds the numbers to names (``setup``), imports
+what it needs and computes ``ans`` from the names (``expression``), and `PRINT_CELL` shows it in
+the next call.
 """
 from __future__ import annotations
 
@@ -35,6 +41,10 @@ class ToyProblem:
       naive_code: the program a solver writes first when the question cannot tell it that
         ``code`` is needed; it fails, and its error says why. None: ``code`` is the natural first
         program.
+      setup: the question's numbers bound to names, one assignment a line (``a = 123``).
+      imports: the import line ``expression`` needs, or "".
+      expression: the answer as an expression of the names of ``setup``.
+      naive_expression: ``naive_code``'s expression, written with the names (None with it).
     """
 
     question: str
@@ -43,6 +53,20 @@ class ToyProblem:
     code: str
     estimate: str
     naive_code: str | None = None
+    setup: str = ""
+    imports: str = ""
+    expression: str = ""
+    naive_expression: str | None = None
+
+    @property
+    def compute_cell(self) -> str:
+        """The notebook form's first cell: ``setup``, ``imports``, ``ans = expression``; it prints
+        nothing (`PRINT_CELL` does, in the next call)."""
+        return "\n".join(line for line in (self.setup, self.imports, f"ans = {self.expression}") if line)
+
+
+# The notebook form's last cell: the answer that ``compute_cell`` left in the session's state.
+PRINT_CELL = "print(ans)"
 
 
 def _mod_product(rng: random.Random) -> ToyProblem:
@@ -53,6 +77,7 @@ def _mod_product(rng: random.Random) -> ToyProblem:
         kind="mod_product",
         code=f"print({a} * {b} % {m})",
         estimate=str(rng.randrange(m)),  # any residue looks as likely as another
+        setup=f"a = {a}\nb = {b}\nm = {m}", expression="a * b % m",
     )
 
 
@@ -65,6 +90,7 @@ def _digit_sum_power(rng: random.Random) -> ToyProblem:
         kind="digit_sum_power",
         code=f"print(sum(map(int, str({b}**{e}))))",
         estimate=str(round(4.5 * n_digits)),  # average digit times the digit count
+        setup=f"b = {b}\ne = {e}", expression="sum(map(int, str(b**e)))",
     )
 
 
@@ -77,6 +103,8 @@ def _count_primes(rng: random.Random) -> ToyProblem:
         kind="count_primes",
         code=f"from sympy import primepi\nprint(primepi({hi}) - primepi({lo - 1}))",
         estimate=str(round((hi - lo + 1) / math.log(hi))),  # the prime number theorem
+        setup=f"lo = {lo}\nhi = {hi}", imports="from sympy import primepi",
+        expression="primepi(hi) - primepi(lo - 1)",
     )
 
 
@@ -90,6 +118,8 @@ def _gcd_lcm(rng: random.Random) -> ToyProblem:
         kind="gcd_lcm",
         code=f"from math import gcd, lcm\nprint(gcd({a}, {b}) + lcm({c}, {d}))",
         estimate=str(1 + c * d),  # as if both pairs were coprime
+        setup=f"a = {a}\nb = {b}\nc = {c}\nd = {d}", imports="from math import gcd, lcm",
+        expression="gcd(a, b) + lcm(c, d)",
     )
 
 
@@ -101,6 +131,7 @@ def _divisor_count(rng: random.Random) -> ToyProblem:
         kind="divisor_count",
         code=f"from sympy import divisor_count\nprint(divisor_count({n}))",
         estimate=str(2 ** rng.randint(2, 5)),  # typical counts are small powers of two
+        setup=f"n = {n}", imports="from sympy import divisor_count", expression="divisor_count(n)",
     )
 
 
@@ -120,15 +151,17 @@ def _mod_inverse(rng: random.Random) -> ToyProblem:
     else:
         a = rng.randint(10_000, 999_999)
     inverse = f"print(pow({a}, -1, {m}))"
+    named = dict(setup=f"a = {a}\nm = {m}", expression="pow(a, -1, m)")
     if math.gcd(a, m) == 1:
         answer, code, naive = str(pow(a, -1, m)), inverse, None
     else:
         answer, code, naive = str(math.gcd(a, m)), f"from math import gcd\nprint(gcd({a}, {m}))", inverse
+        named.update(imports="from math import gcd", expression="gcd(a, m)", naive_expression="pow(a, -1, m)")
     return ToyProblem(
         question=f"What is the inverse of {a} mod {m}, or their gcd if there is none?",
         answer=answer, kind="mod_inverse", code=code,
         estimate=str(rng.randrange(1, m)),  # any residue looks as likely as another
-        naive_code=naive,
+        naive_code=naive, **named,
     )
 
 

@@ -9,6 +9,23 @@ The mixture is deliberately imperfect, so that the SFT policy leaves room for RL
 - ``bad_json``:   the first call is not valid JSON; a corrected call; answer;
 - ``no_tool``:    answer at once with a mental estimate, which is usually wrong.
 
+With a stateful tool (``session=True``, the testbed's session environment, docs/testbed.md) the
+calls of a demonstration run in one tool session, in the notebook form of ``ToyProblem``: a first
+call binds the numbers to names and computes ``ans`` (it prints nothing), a second prints it
+(``print(ans)``). The first-call errors are slips at the end of the first call, after the
+numbers and the computation, which the second call, ``print(ans)`` as always, makes good:
+
+- ``typo``:          the first call ends with ``pritn(ans)`` (``NameError: name 'pritn' is not
+                     defined``);
+- ``misspelt_name``: the first call ends with ``print(answer)`` (``NameError: name 'answer' is
+                     not defined``).
+
+A slipped solution thus makes exactly the calls a clean one makes, the same but for a few tokens
+at the end of the first: by construction nothing else tells it apart (what the policies make of
+that is measured in docs/testbed.md). ``wrong_name`` and ``bad_json`` calls run
+nothing, so no state could spare their fix a second copy of the numbers: the session mixture has
+none.
+
 A problem with a ``naive_code`` (``mod_inverse``) is solved in two calls in every tool style: its
 natural program fails and the error says what to run instead. That failure is part of the
 solution, not a style: nothing in the question lets a solver avoid it.
@@ -28,16 +45,17 @@ from typing import Iterable, Iterator, Sequence
 
 from rstar2_jax import chat
 from rstar2_jax.sandbox import ExecResult, Executor, render_result
-from rstar2_jax.toy.problems import ToyProblem
+from rstar2_jax.toy.problems import PRINT_CELL, ToyProblem
 
-STYLES = ("tool", "typo", "wrong_name", "bad_json", "no_tool")
+STYLES = ("tool", "typo", "wrong_name", "bad_json", "no_tool", "misspelt_name")
 
 
 @dataclasses.dataclass(frozen=True)
 class DemoMix:
     """Fractions of the demonstration styles (see the module docstring); they must sum to 1.
 
-    ``first_call_error`` is split evenly between ``typo``, ``wrong_name`` and ``bad_json``.
+    ``first_call_error`` is split evenly between ``typo``, ``wrong_name`` and ``bad_json``
+    (stateless tool), or between ``typo`` and ``misspelt_name`` (sessions).
     """
 
     # A third of the demonstrations skip the tool, so that the SFT policy still skips it ~20-30%
@@ -53,10 +71,13 @@ class DemoMix:
         if min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
             raise ValueError(f"DemoMix fractions must be >= 0 and sum to 1; got {fractions}")
 
-    def weights(self) -> list[float]:
-        """Weights aligned with ``STYLES``."""
+    def weights(self, session: bool = False) -> list[float]:
+        """Weights aligned with ``STYLES``, for a stateless tool or for sessions."""
+        if session:
+            half = self.first_call_error / 2
+            return [self.tool, half, 0.0, 0.0, self.no_tool, half]
         third = self.first_call_error / 3
-        return [self.tool, third, third, third, self.no_tool]
+        return [self.tool, third, third, third, self.no_tool, 0.0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,60 +97,90 @@ def make_demos(
     seed: int = 0,
     max_chars: int = 1024,
     show_time: bool = True,
+    session: bool = False,
 ) -> list[Demo]:
     """One demonstration per problem, styles drawn from ``mix`` with ``seed``.
 
     Args:
-      problems: toy problems (their ``code`` and ``estimate`` make the demonstrations).
+      problems: toy problems (their programs and ``estimate`` make the demonstrations).
       executor: runs the programs, e.g. a ``SandboxPool``.
       max_chars, show_time: how tool results are rendered; use the RL rollout's settings so
         that SFT and RL show the model the same format.
+      session: the programs of a demonstration run in one tool session, in the notebook form
+        (``rollout.tool_session``; see the module docstring).
     """
     rng = random.Random(seed)
-    styles = rng.choices(STYLES, weights=mix.weights(), k=len(problems))
-    # Every program of every demonstration is submitted before any result is awaited.
-    futures = {
-        (i, code): executor.submit(code, "")
-        for i, (problem, style) in enumerate(zip(problems, styles))
-        for code in _programs(problem, style)
-    }
-    outputs: dict[int, dict[str, str]] = {i: {} for i in range(len(problems))}
-    for (i, code), future in futures.items():
-        result: ExecResult = future.result()
-        _check_result(problems[i], code, result)
-        outputs[i][code] = render_result(result, max_chars=max_chars, show_time=show_time)
-    return [
-        Demo(style, problem.answer, _messages(problem, style, outputs[i]))
-        for i, (problem, style) in enumerate(zip(problems, styles))
-    ]
+    styles = rng.choices(STYLES, weights=mix.weights(session), k=len(problems))
+    programs = [_programs(problem, style, session) for problem, style in zip(problems, styles)]
+    outputs = _run([[code for code, _ in ran] for ran in programs], executor, session)
+    demos = []
+    for problem, style, ran, results in zip(problems, styles, programs, outputs):
+        _check_results(problem, ran, results)
+        rendered = [render_result(r, max_chars=max_chars, show_time=show_time) for r in results]
+        demos.append(Demo(style, problem.answer,
+                          _messages(problem, style, [(code, out) for (code, _), out in zip(ran, rendered)])))
+    return demos
+
+
+def _run(programs: list[list[str]], executor: Executor, session: bool) -> list[list[ExecResult]]:
+    """The results of each demonstration's programs, run in order (in one session each with
+    ``session``); the i-th programs of all demonstrations run at once."""
+    runners = [executor.session() if session and ran else executor for ran in programs]
+    outputs: list[list[ExecResult]] = [[] for _ in programs]
+    try:
+        for i in range(max((len(ran) for ran in programs), default=0)):
+            futures = {d: runners[d].submit(ran[i], "") for d, ran in enumerate(programs) if i < len(ran)}
+            for d, future in futures.items():
+                outputs[d].append(future.result())
+    finally:
+        for runner in runners:
+            if runner is not executor:
+                runner.close()
+    return outputs
 
 
 def _typo(code: str) -> str:
     return code.replace("print(", "pritn(", 1)
 
 
-def _solution(problem: ToyProblem) -> list[str]:
-    """The programs a solver runs once its calls are well-formed: the natural first program when
-    it fails (its error says what to do instead), then the right one."""
-    return [problem.naive_code, problem.code] if problem.naive_code else [problem.code]
+# The slips of the session styles: a last line of the first call that fails for a misspelt name.
+_SLIPS = {"typo": "pritn(ans)", "misspelt_name": "print(answer)"}
 
 
-def _programs(problem: ToyProblem, style: str) -> list[str]:
+def _programs(problem: ToyProblem, style: str, session: bool) -> list[tuple[str, bool]]:
+    """Every program of a demonstration, in order, each with whether it must fail (a malformed
+    call runs none). The last one prints the answer."""
     if style == "no_tool":
         return []
-    solution = _solution(problem)
-    return [_typo(solution[0]), *solution] if style == "typo" else solution
+    if not session:
+        # The natural first program when it fails (its error says what to do instead), then the
+        # right one; a typo repeats the whole first program.
+        solution = [problem.naive_code, problem.code] if problem.naive_code else [problem.code]
+        if style == "typo":
+            solution = [_typo(solution[0])] + solution
+        return [(code, i < len(solution) - 1) for i, code in enumerate(solution)]
+    computed = [(problem.compute_cell, False)]
+    if problem.naive_expression:
+        computed = [(f"{problem.setup}\nans = {problem.naive_expression}", True),
+                    (f"{problem.imports}\nans = {problem.expression}", False)]
+    if style in _SLIPS:
+        computed[-1] = (f"{computed[-1][0]}\n{_SLIPS[style]}", True)
+    return computed + [(PRINT_CELL, False)]
 
 
-def _check_result(problem: ToyProblem, code: str, result: ExecResult) -> None:
-    if code == problem.code and not (result.ok and result.stdout.strip() == problem.answer):
-        raise RuntimeError(f"the program for {problem.question!r} did not print {problem.answer}: {result}")
-    if code != problem.code and result.status != "error":
-        raise RuntimeError(f"the failing first program for {problem.question!r} did not fail: {result}")
+def _check_results(problem: ToyProblem, programs: list[tuple[str, bool]], results: list[ExecResult]) -> None:
+    """The programs that must fail fail, the others work, and the last prints the answer."""
+    for (code, fails), result in zip(programs, results):
+        if result.status != ("error" if fails else "ok"):
+            raise RuntimeError(f"the program {code!r} for {problem.question!r} should "
+                               f"{'fail' if fails else 'work'}: {result}")
+    if programs and results[-1].stdout.strip() != problem.answer:
+        raise RuntimeError(f"the program for {problem.question!r} did not print {problem.answer}: "
+                           f"{results[-1]}")
 
 
-def _messages(problem: ToyProblem, style: str, outputs: dict[str, str]) -> tuple[dict, ...]:
-    """The conversation; ``outputs`` maps each executed program to its rendered result."""
+def _messages(problem: ToyProblem, style: str, ran: list[tuple[str, str]]) -> tuple[dict, ...]:
+    """The conversation; ``ran`` holds each executed program and its rendered result, in order."""
     def assistant(text):
         return {"role": "assistant", "content": text}
 
@@ -139,18 +190,20 @@ def _messages(problem: ToyProblem, style: str, outputs: dict[str, str]) -> tuple
         messages.append(assistant(
             f"I estimate it.</reason>\n<answer>\\boxed{{{problem.estimate}}}</answer>"))
         return tuple(messages)
-    # (call text, tool response) per call; every call but the last fails.
-    solution = _solution(problem)
-    calls = [(chat.format_tool_call(code), outputs[code]) for code in solution]
-    if style == "typo":
-        calls.insert(0, (chat.format_tool_call(_typo(solution[0])), outputs[_typo(solution[0])]))
-    elif style != "tool":
-        bad_call = _malformed_call(solution[0], style)
+    # (call text, tool response) per call.
+    calls = [(chat.format_tool_call(code), output) for code, output in ran]
+    if style in ("wrong_name", "bad_json"):
+        bad_call = _malformed_call(ran[0][0], style)
         call = chat.parse_tool_call(bad_call)
         assert call is not None and call.error is not None, bad_call
         calls.insert(0, (bad_call, chat.malformed_call_response(call)))
     for i, (call, response) in enumerate(calls):
-        reason = "I will run Python.</reason>\n" if i == 0 else "That failed; fixing it.</reason>\n"
+        if i == 0:
+            reason = "I will run Python.</reason>\n"
+        elif calls[i - 1][1].startswith("Tool call failure"):
+            reason = "That failed; fixing it.</reason>\n"
+        else:
+            reason = "Now I print it.</reason>\n"
         messages += [assistant(reason + call), {"role": "tool", "content": response}]
     messages.append(assistant(answer))
     return tuple(messages)
