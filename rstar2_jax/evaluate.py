@@ -64,7 +64,8 @@ class EvalReport:
 
 @dataclasses.dataclass(frozen=True)
 class SampleRecord:
-    """One evaluated sample, as written to the per-sample JSONL."""
+    """One evaluated sample, as written to the per-sample JSONL. ``tool_calls``: per call its
+    ``code``, ``stdin``, ``status`` and ``response`` (the text the model read)."""
 
     problem: int
     sample: int
@@ -108,7 +109,8 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
             question=problem.question, answer=problem.answer,
             reward=float(rewards[t.prompt_index, t.sample_index]), finish_reason=t.finish_reason,
             response_tokens=len(t.response_ids),
-            tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status} for c in t.tool_calls],
+            tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status, "response": c.response_text}
+                        for c in t.tool_calls],
             response_text=t.response_text))
     hosts = gather_objects({"records": [dataclasses.asdict(r) for r in records],
                             "wall_s": stats.wall_s})

@@ -20,7 +20,9 @@ rollout correction; e.g. ``arms.mine.algorithm=my_module:MINE``. Files (``<out>/
     seed<S>/                        the SFT job of seed S; its RL runs in seed<S>/rl/<arm>/
     results/<arm>/seed<S>.json      one finished run: held-out report, per-step metrics, wall time
     results/sft/seed<S>.json        the held-out report of seed S's SFT policy
-    summary.md, summary.json        the table: mean and min-max over seeds per arm
+    summary.md, summary.json        the table: mean and min-max over seeds per arm; the held-out
+                                    failed calls by kind (rstar2_jax.toy.failures); the first
+                                    arm minus each other arm, seed by seed
     curves.png                      training curves, mean over seeds with min-max bands
     error_ratio_positives.png       the tool-call error ratio among positive rollouts (paper Fig. 4)
 
@@ -42,10 +44,12 @@ from typing import Mapping, Sequence
 
 from rstar2_jax.algorithms import RolloutCorrection, resolve_algorithm
 from rstar2_jax.config import config_to_dict, config_to_yaml
+from rstar2_jax.data.datasets import jsonl_rows
 from rstar2_jax.plots import RL_PANELS, plot_bands
 from rstar2_jax.runtime import RolloutRuntime
 from rstar2_jax.toy.build import ToyDataConfig
 from rstar2_jax.toy.demo import DemoConfig, Evaluator, train_rl_policy, train_sft_policy
+from rstar2_jax.toy.failures import FIRST_CALL_SHARES, POSITIVE_SHARES, first_call_outcomes, positive_failures
 from rstar2_jax.train.metrics import read_metrics
 
 ERROR_RATIO = "tools/error_ratio_positives"
@@ -172,6 +176,11 @@ def result_path(out: str | Path, arm: str, seed: int) -> Path:
     return Path(out) / "results" / arm / f"seed{seed}.json"
 
 
+def samples_path(cfg: TestbedConfig, arm: str, seed: int) -> Path:
+    """The held-out samples (one JSON record each) of arm ``arm`` (or ``"sft"``) and ``seed``."""
+    return Path(cfg.seed_config(seed).out) / f"eval_{arm}.jsonl"
+
+
 def _settings(demo: DemoConfig, fields: Sequence[str] | None = None) -> dict:
     values = config_to_dict(demo)
     return {k: v for k, v in values.items() if k not in ("out",) and (fields is None or k in fields)}
@@ -247,7 +256,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
                     train_sft_policy(seed_cfg, runtime.sandbox, progress=progress)
                 sft_s = time.perf_counter() - start
                 evaluator = Evaluator(seed_cfg, runtime)
-                report = evaluator(Path(seed_cfg.out) / "sft_model", Path(seed_cfg.out) / "eval_sft.jsonl")
+                report = evaluator(Path(seed_cfg.out) / "sft_model", samples_path(cfg, "sft", seed))
                 _write_json(result_path(out, "sft", seed), {
                     "arm": "sft", "seed": seed, "settings": sft_settings,
                     "eval": dataclasses.asdict(report),
@@ -265,7 +274,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
                 model = train_rl_policy(arm_cfg, f"rl/{name}", runtime, progress=progress)
                 rl_s = time.perf_counter() - start
                 evaluator = evaluator or Evaluator(seed_cfg, runtime)
-                report = evaluator(model, Path(seed_cfg.out) / f"eval_{name}.jsonl")
+                report = evaluator(model, samples_path(cfg, name, seed))
                 _write_json(path, {
                     "arm": name, "seed": seed, "settings": settings,
                     "eval": dataclasses.asdict(report),
@@ -303,12 +312,42 @@ def spread(values: Sequence[float | None]) -> dict:
             "seeds": len(present), "values": list(values)}
 
 
+def heldout_failures(cfg: TestbedConfig, name: str, seed: int) -> dict:
+    """``positives``: `positive_failures`, ``first_calls``: `first_call_outcomes` of the held-out
+    samples of run ``name`` and ``seed`` (each None without them)."""
+    path = samples_path(cfg, name, seed)
+    if not path.is_file():
+        return {"positives": None, "first_calls": None}
+    records = [row for _, row in jsonl_rows(path, "held-out samples")]
+    return {"positives": positive_failures(records), "first_calls": first_call_outcomes(records)}
+
+
+# What the paired comparison takes from each run (held-out unless it says training).
+_PAIRED = ("pass@1", "response_tokens", "error_ratio_positives_last", "heldout_avoidable")
+
+
+def _failure_spreads(failures: dict, name: str, runs: Sequence[dict], part: str, keys: Sequence[str]) -> dict:
+    """``spread`` over ``runs`` of each share in ``keys`` of ``heldout_failures(...)[part]``."""
+    found = [failures[name, r["seed"]][part] for r in runs]
+    return {key: spread([f and f[key] for f in found]) for key in keys}
+
+
+def _paired_values(cfg: TestbedConfig, run: dict, failures: dict) -> dict:
+    return {"pass@1": run["eval"]["pass_at"]["1"], "response_tokens": run["eval"]["mean_response_tokens"],
+            "error_ratio_positives_last": window_mean(run["metrics"], ERROR_RATIO, last=cfg.window),
+            "heldout_avoidable": failures["positives"]["avoidable"] if failures["positives"] else None}
+
+
 def summarize(cfg: TestbedConfig, results: Mapping[str, Sequence[dict]]) -> dict:
     """Per arm (and the SFT policies), over seeds: held-out avg pass@1, pass@k, response tokens,
-    tool calls per rollout and tool error rate; and for RL arms the training error ratio among
-    positives over the first and the last ``cfg.window`` steps."""
+    tool calls per rollout and tool error rate, the held-out correct answers' failed calls by
+    kind (`rstar2_jax.toy.failures`); for RL arms the training error ratio among positives over
+    the first and the last ``cfg.window`` steps. ``paired``: the first arm minus each other
+    arm, seed by seed (every arm of a seed starts from the same SFT policy)."""
     k = cfg.demo.eval_samples
     rows = {}
+    failures = {(name, r["seed"]): heldout_failures(cfg, name, r["seed"])
+                for name, runs in results.items() for r in runs}
     for name, runs in results.items():
         row = {"label": "after SFT" if name == "sft" else cfg.label(name),
                "seeds": [r["seed"] for r in runs],
@@ -317,7 +356,9 @@ def summarize(cfg: TestbedConfig, results: Mapping[str, Sequence[dict]]) -> dict
                "response_tokens": spread([r["eval"]["mean_response_tokens"] for r in runs]),
                "tool_calls_per_rollout": spread([r["eval"]["tool_calls_per_sample"] for r in runs]),
                "tool_error_rate": spread([r["eval"]["tool_error_rate"] for r in runs]),
-               "train_seconds": spread([r["seconds"]["train"] for r in runs])}
+               "train_seconds": spread([r["seconds"]["train"] for r in runs]),
+               "heldout_failures": _failure_spreads(failures, name, runs, "positives", POSITIVE_SHARES),
+               "heldout_first_calls": _failure_spreads(failures, name, runs, "first_calls", FIRST_CALL_SHARES)}
         if name != "sft":
             row["error_ratio_positives_first"] = spread(
                 [window_mean(r["metrics"], ERROR_RATIO, first=cfg.window) for r in runs])
@@ -325,8 +366,20 @@ def summarize(cfg: TestbedConfig, results: Mapping[str, Sequence[dict]]) -> dict
                 [window_mean(r["metrics"], ERROR_RATIO, last=cfg.window) for r in runs])
         rows[name] = row
     seconds = sum(sum(r["seconds"].values()) for runs in results.values() for r in runs)
+    arms = [name for name in cfg.arms if results.get(name)]
+    paired = {}
+    if len(arms) > 1:
+        by_seed = {name: {r["seed"]: _paired_values(cfg, r, failures[name, r["seed"]]) for r in results[name]}
+                   for name in arms}
+        reference = by_seed[arms[0]]
+        for name in arms[1:]:
+            seeds = [s for s in cfg.seeds if s in reference and s in by_seed[name]]
+            paired[name] = {"seeds": seeds} | {
+                key: [None if None in (reference[s][key], by_seed[name][s][key])
+                      else reference[s][key] - by_seed[name][s][key] for s in seeds] for key in _PAIRED}
     return {"arms": rows, "seeds": list(cfg.seeds), "window": cfg.window, "k": k,
-            "spread": "min-max over seeds", "wall_seconds": seconds}
+            "spread": "min-max over seeds", "wall_seconds": seconds,
+            "paired": {"reference": arms[0] if arms else None, "arms": paired}}
 
 
 def _cell(s: dict, percent: bool, n_seeds: int) -> str:
@@ -358,7 +411,38 @@ def summary_markdown(summary: dict) -> str:
               f"failed / all tool calls of the correct training rollouts, averaged over the first "
               f"and the last {w} RL steps that have one. Cells: mean [min, max] over seeds; "
               "'missing': no seed measured it; n/a: does not apply (no RL).",
-              f"Wall time of all runs: {summary['wall_seconds'] / 60:.1f} min."]
+              f"Wall time of all runs: {summary['wall_seconds'] / 60:.1f} min.", "",
+              "Held-out correct answers: failed calls of each kind / all their calls "
+              "(`rstar2_jax.toy.failures`), and the share of correct answers with an avoidable failure. "
+              "Held-out samples that called the tool: the share whose first call slipped (failed for an "
+              "avoidable reason), and the share correct after a slipped / a clean first call.", "",
+              "| | avoidable | built-in | other | correct answers with an avoidable failure "
+              "| first calls that slipped | correct after a slip | correct after a clean first call |",
+              "|---|---|---|---|---|---|---|---|"]
+    for row in summary["arms"].values():
+        n = len(row["seeds"])
+        cells = [_cell(row["heldout_failures"][key], True, n) for key in POSITIVE_SHARES]
+        cells += [_cell(row["heldout_first_calls"][key], True, n) for key in FIRST_CALL_SHARES]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    paired = summary["paired"]
+    if paired["arms"]:
+        reference = summary["arms"][paired["reference"]]["label"]
+        titles = {"pass@1": ("avg pass@1, points", 100), "response_tokens": ("response tokens", 1),
+                  "error_ratio_positives_last":
+                      (f"training err. ratio among positives, last {w} steps, points", 100),
+                  "heldout_avoidable": ("held-out avoidable failures among correct answers' calls, points", 100)}
+        seeds = summary["seeds"]
+        lines += ["", f"Paired by seed: {reference} minus each arm.", "",
+                  "| | | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+                  "|---" * (len(seeds) + 3) + "|"]
+        for name, deltas in paired["arms"].items():
+            for key, (title, scale) in titles.items():
+                by_seed = dict(zip(deltas["seeds"], deltas[key]))
+                cells = [f"{scale * by_seed[s]:+.1f}" if by_seed.get(s) is not None else "-" for s in seeds]
+                present = [v for v in deltas[key] if v is not None]
+                mean = f"{scale * sum(present) / len(present):+.1f}" if present else "-"
+                label = summary["arms"][name]["label"]
+                lines.append(f"| vs {label} | {title} | " + " | ".join(cells) + f" | {mean} |")
     return "\n".join(lines) + "\n"
 
 
