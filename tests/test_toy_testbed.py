@@ -1,15 +1,23 @@
 """The testbed runner: a tiny grid (2 arms x 2 seeds x 2 RL steps) end to end, resumed; its
-summary statistics and config on made-up results."""
+summary statistics and config on made-up results; the failure split of held-out calls; the data
+of the session environment."""
 import dataclasses
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from rstar2_jax import chat
 from rstar2_jax.config import ConfigError, load_config
+from rstar2_jax.sandbox import SandboxPool, render_result
 from rstar2_jax.toy import testbed
+from rstar2_jax.toy.build import build_toy_data
+from rstar2_jax.toy.failures import failure_kind, first_call_outcomes, is_slip, positive_failures
+from rstar2_jax.toy.problems import DEFAULT_KINDS
+from rstar2_jax.toy.sft_data import load_demos
 from rstar2_jax.toy.testbed import (
     ERROR_RATIO,
     TRACKED,
@@ -26,6 +34,7 @@ from rstar2_jax.toy.testbed import (
 Config = testbed.TestbedConfig  # imported under another name: pytest collects Test* classes
 
 PNG = b"\x89PNG\r\n\x1a\n"
+SESSIONS_CONFIG = Path(__file__).parents[1] / "experiments" / "toy" / "testbed_sessions.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +67,14 @@ def test_tiny_grid_writes_per_run_metrics_summary_and_plots(grid):
         assert f"| {label} | 2 |" in table
     for name in ("curves.png", "error_ratio_positives.png"):
         assert (Path(cfg.out) / name).read_bytes()[:8] == PNG
+    # Held-out calls keep what the model read, which the failure split classifies.
+    samples = [json.loads(line) for line in testbed.samples_path(cfg, "grpo_roc", 0).read_text().splitlines()]
+    assert all({"status", "response"} <= set(c) for s in samples for c in s["tool_calls"])
+    for row in summary["arms"].values():
+        assert set(row["heldout_failures"]) == {"avoidable", "built_in", "other", "positives_with_avoidable"}
+        assert set(row["heldout_first_calls"]) == {"slipped", "correct_after_slip", "correct_after_clean"}
+    assert summary["paired"]["reference"] == "grpo_roc" and list(summary["paired"]["arms"]) == ["grpo_tool"]
+    assert "Paired by seed: GRPO-RoC (2G sampled, G kept) minus each arm." in table
 
 
 def test_a_step_without_positives_is_missing_not_zero(grid):
@@ -142,6 +159,123 @@ def test_metrics_table_averages_steps_then_spreads_over_seeds(grid):
         means = [sum(m[key] for m in r["metrics"]) / len(r["metrics"]) for r in runs]
         assert cell == f"{sum(means) / 2:.3g} [{min(means):.3g}, {max(means):.3g}]"
     assert cells[3] == "n/a"  # no rollout correction: no step logged it
+
+
+def test_failure_kinds_of_real_tool_responses():
+    codes = {"pritn(1)": "avoidable", "print(gcd(4, 6))": "avoidable", "a = 3\nprint(pow(a * 2, -1, 9))": "built_in",
+             "print(1/0)": "other", "print(1": "other", "print(2)": None}
+    with SandboxPool(num_workers=1, timeout_s=30.0) as pool:
+        results = pool.run_batch(list(codes))
+    for (code, kind), result in zip(codes.items(), results):
+        call = {"code": code, "status": result.status, "response": render_result(result, show_time=False)}
+        assert failure_kind(call) == kind, (code, call)
+    assert failure_kind({"status": "malformed", "response": "Tool call failure\nreason: ..."}) == "other"
+
+
+def _sample(reward, *calls):
+    return {"reward": reward, "tool_calls": [{"code": "pritn(ans)", "status": status, "response": response}
+                                             for status, response in calls]}
+
+
+OK = ("ok", "Tool call success\nstdout: 1")
+NAME = ("error", 'Tool call failure\nstderr: Traceback (most recent call last):\n  File "<tool_code>", line 1, '
+        "in <module>\n    pritn(ans)\nNameError: name 'pritn' is not defined")
+BUILT_IN = ("error", "Tool call failure\nstderr: ...\nValueError: base is not invertible for the given modulus")
+TIMEOUT = ("timeout", "Tool call failure\nreason: timeout")
+
+
+def test_positive_failures_count_the_correct_answers_calls_by_kind():
+    records = [_sample(1, NAME, OK), _sample(1, OK), _sample(1, BUILT_IN, OK), _sample(0, NAME, NAME, TIMEOUT),
+               _sample(1, TIMEOUT, NAME, OK)]
+    split = positive_failures(records)
+    assert split == {"avoidable": 2 / 8, "built_in": 1 / 8, "other": 1 / 8, "calls": 8, "positives": 4,
+                     "positives_with_avoidable": 2 / 4}
+    assert positive_failures([_sample(0, NAME), _sample(1)]) is None  # no correct answer called a tool
+    assert positive_failures([{"reward": 1, "tool_calls": [{"status": "ok"}]}]) is None  # before `response`
+    outcomes = first_call_outcomes(records + [_sample(0), _sample(0, OK)])
+    assert outcomes == {"samples": 6, "slipped": 2 / 6, "correct_after_slip": 1 / 2, "correct_after_clean": 1 / 2}
+    assert first_call_outcomes([_sample(1, OK)])["correct_after_slip"] is None
+
+
+def test_a_slip_fails_on_its_calls_last_line():
+    codes = {"ans = 6 * 7\npritn(ans)": True, "ans = 6 * 7\nprint(answer)": True,
+             "ans = primepi(7)\nprint(ans)": False, "ans = 6 * 7\nprint(1/0)": False}
+    with SandboxPool(num_workers=1, timeout_s=30.0) as pool:
+        results = pool.run_batch(list(codes))
+    for (code, slip), result in zip(codes.items(), results):
+        call = {"code": code, "status": result.status, "response": render_result(result, show_time=False)}
+        assert is_slip(call) == slip, call
+
+
+def test_summary_splits_heldout_failures_and_pairs_arms_by_seed(tmp_path):
+    cfg = Config(out=str(tmp_path), seeds=[0, 1], window=1)
+    heldout = {("sft", 0): [_sample(1, NAME, OK), _sample(1, OK)], ("sft", 1): [_sample(1, OK)],
+               ("grpo_roc", 0): [_sample(1, OK), _sample(1, OK)], ("grpo_roc", 1): [_sample(1, OK), _sample(0, NAME)],
+               ("grpo_tool", 0): [_sample(1, NAME, OK), _sample(1, OK)], ("grpo_tool", 1): [_sample(1, NAME, OK)]}
+    for (arm, seed), records in heldout.items():
+        path = testbed.samples_path(cfg, arm, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    results = {"sft": [_run("sft", s, []) for s in (0, 1)],
+               "grpo_roc": [_run("grpo_roc", 0, [0.2], pass1=0.6), _run("grpo_roc", 1, [0.1], pass1=0.5)],
+               "grpo_tool": [_run("grpo_tool", 0, [0.3], pass1=0.5), _run("grpo_tool", 1, [None], pass1=0.55)]}
+    summary = summarize(cfg, results)
+    assert summary["arms"]["sft"]["heldout_failures"]["avoidable"] == spread([1 / 3, 0.0])
+    assert summary["arms"]["grpo_tool"]["heldout_failures"]["positives_with_avoidable"] == spread([0.5, 1.0])
+    assert summary["arms"]["grpo_roc"]["heldout_first_calls"]["slipped"] == spread([0.0, 0.5])
+    assert summary["arms"]["grpo_roc"]["heldout_first_calls"]["correct_after_slip"] == spread([None, 0.0])
+    paired = summary["paired"]
+    assert paired["reference"] == "grpo_roc" and list(paired["arms"]) == ["grpo_tool"]
+    deltas = paired["arms"]["grpo_tool"]
+    assert deltas["seeds"] == [0, 1]
+    assert deltas["pass@1"] == pytest.approx([0.1, -0.05])
+    assert deltas["error_ratio_positives_last"] == pytest.approx([-0.1, None])
+    assert deltas["heldout_avoidable"] == pytest.approx([-1 / 3, -0.5])
+    table = summary_markdown(summary)
+    assert "| after SFT | 16.7% [0.0, 33.3] |" in table
+    assert "| GRPO-RoC (2G sampled, G kept) | 0.0% [0.0, 0.0] | 0.0% [0.0, 0.0] | 0.0% [0.0, 0.0] | 0.0% [0.0, 0.0] " \
+           "| 25.0% [0.0, 50.0] | 0.0% [0.0, 0.0] (1/2 seeds) | 100.0% [100.0, 100.0] |" in table
+    assert "| vs GRPO with tool (G sampled, all kept) | avg pass@1, points | +10.0 | -5.0 | +2.5 |" in table
+    assert "last 1 steps, points | -10.0 | - | -10.0 |" in table
+
+
+def test_the_default_grid_is_stateless_and_the_session_environment_is_one_file_away():
+    """The default grid keeps its measured environment (stateless tool, mod_inverse); the
+    session environment is experiments/toy/testbed_sessions.yaml, sessions in the
+    demonstrations and in RL alike."""
+    default = Config().demo
+    assert not default.data.tool_session and not default.rollout.tool_session
+    assert default.data.kinds == list(testbed.TESTBED_KINDS)
+    cfg = load_config(Config, SESSIONS_CONFIG)
+    assert cfg.demo.data.tool_session and cfg.demo.rollout.tool_session
+    assert cfg.demo.data.kinds == list(DEFAULT_KINDS) and cfg.out == "runs/testbed_sessions"
+    assert dataclasses.replace(cfg.demo, data=default.data, rollout=default.rollout) == default
+
+
+def test_the_session_environment_builds_slips_whose_fix_reuses_the_session(tmp_path):
+    """The data the session environment's config builds (tiny sizes): some demonstrations'
+    first call fails for an avoidable reason (a misspelt name on its last line) after computing
+    ``ans`` from the question's numbers; the fix, ``print(ans)``, copies no number and works only
+    on the state the failed call left in the session."""
+    cfg = load_config(Config, SESSIONS_CONFIG, [f"out={tmp_path}"])
+    data = dataclasses.replace(cfg.demo.data, n_train=60, n_test=4, n_sft=60, vocab_size=400)
+    with SandboxPool(num_workers=2, timeout_s=30.0) as pool:
+        build_toy_data(tmp_path / "data", data, pool)
+        demos = load_demos(tmp_path / "data" / "sft.jsonl")
+        problems = {p["question"]: p for p in map(json.loads, (tmp_path / "data" / "train.jsonl").open())}
+        assert {d.style for d in demos} == {"tool", "typo", "misspelt_name", "no_tool"}
+        slipped = [d for d in demos if d.style in ("typo", "misspelt_name")]
+        for demo in slipped:
+            question = demo.messages[0]["content"]
+            first, fix = (chat.parse_tool_call(m["content"]).code for m in demo.messages[1:5:2])
+            responses = [m["content"] for m in demo.messages[2::2]]
+            assert is_slip({"code": first, "status": "error", "response": responses[0]}), responses[0]
+            numbers = re.findall(r"\d{3,}", question)
+            assert all(n in first for n in numbers) and not any(n in fix for n in numbers)
+            assert responses[1] == f"Tool call success\nstdout: {problems[question]['answer']}"
+            with pool.session() as fresh:  # the fix alone has nothing to print
+                assert "NameError: name 'ans' is not defined" in fresh.run(fix).stderr
+    assert len(slipped) >= 10  # about a third of 60 demonstrations
 
 
 def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):

@@ -5,8 +5,10 @@
     python experiments/toy/testbed.py --only grpo_2g               # these arms only, for now
     python experiments/toy/testbed.py arms.dr_grpo.algorithm=dr_grpo          # add an arm
     python experiments/toy/testbed.py arms.mine.algorithm=my_module:MINE arms.mine.oversample=1
+    python experiments/toy/testbed.py --config experiments/toy/testbed_sessions.yaml  # session environment
 
-Any field of ``rstar2_jax.toy.testbed.TestbedConfig`` (``demo.*``: the main job's settings).
+``--config FILE``: a YAML file of settings, applied before the overrides. Any field of
+``rstar2_jax.toy.testbed.TestbedConfig`` (``demo.*``: the main job's settings).
 ``--only a,b`` runs and summarises only those arms; their results are the full grid's, which a
 later run without ``--only`` reads back. Re-running with the same ``out`` reads finished runs
 back and runs only what is missing, then rewrites ``summary.md``, ``summary.json`` and the
@@ -21,9 +23,10 @@ from rstar2_jax.toy.testbed import TestbedConfig, run_testbed
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated arm names to run and summarise")
+    parser.add_argument("--config", help="YAML file of TestbedConfig settings, applied before the overrides")
     parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig")
     args = parser.parse_args()
-    cfg = load_config(TestbedConfig, overrides=args.overrides)
+    cfg = load_config(TestbedConfig, args.config, args.overrides)
     if args.only:
         names = args.only.split(",")
         unknown = sorted(set(names) - set(cfg.arms))
