@@ -24,6 +24,7 @@ from rstar2_jax.errors import ConfigError
 from rstar2_jax.hosts import gather_objects, share as host_share
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
+from rstar2_jax.sandbox.result import without_time
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import EvalConfig, RLJobConfig
 
@@ -65,7 +66,8 @@ class EvalReport:
 @dataclasses.dataclass(frozen=True)
 class SampleRecord:
     """One evaluated sample, as written to the per-sample JSONL. ``tool_calls``: per call its
-    ``code``, ``stdin``, ``status`` and ``response`` (the text the model read)."""
+    ``code``, ``stdin``, ``status`` and ``response`` (the text the model read, less the
+    execution-time line, so that reruns write the same records)."""
 
     problem: int
     sample: int
@@ -102,6 +104,7 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems[mine], prompts,
                                               samples, seed, first_sequence=mine.start * samples)
     records = []
+    untimed = without_time if sampler.settings.show_tool_time else (lambda text: text)
     for t in trajs:
         problem = problems[mine.start + t.prompt_index]
         records.append(SampleRecord(
@@ -109,8 +112,8 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
             question=problem.question, answer=problem.answer,
             reward=float(rewards[t.prompt_index, t.sample_index]), finish_reason=t.finish_reason,
             response_tokens=len(t.response_ids),
-            tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status, "response": c.response_text}
-                        for c in t.tool_calls],
+            tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status,
+                         "response": untimed(c.response_text)} for c in t.tool_calls],
             response_text=t.response_text))
     hosts = gather_objects({"records": [dataclasses.asdict(r) for r in records],
                             "wall_s": stats.wall_s})

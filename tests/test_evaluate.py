@@ -74,6 +74,8 @@ def test_evaluate_scores_every_sample(tmp_path):
     write_samples(tmp_path / "samples.jsonl", records)
     lines = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 6 and lines[0]["tool_calls"][0]["status"] == "ok"
+    # The response the model read (it showed the time: RolloutSettings' default), less its time.
+    assert lines[0]["tool_calls"][0]["response"] == "Tool call success\nstdout: 42"
 
 
 def test_hard_subset_drops_problems_solved_by_every_sample():

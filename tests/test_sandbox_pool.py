@@ -14,7 +14,7 @@ import time
 import pytest
 
 from rstar2_jax.sandbox import ExecResult, Executor, SandboxConfig, SandboxPool, render_result
-from rstar2_jax.sandbox.result import truncate_middle
+from rstar2_jax.sandbox.result import truncate_middle, without_time
 
 
 TIMEOUT_S = 1.0
@@ -319,6 +319,21 @@ def test_render_failure_formats():
     assert render_result(segv, show_time=False) == "Tool call failure\nreason: killed by signal SIGSEGV"
     exit3 = ExecResult(status="error", exit_code=3, wall_s=0.01)
     assert render_result(exit3, show_time=False) == "Tool call failure\nreason: exit code 3"
+
+
+def test_without_time_drops_only_the_time_line():
+    """Records keep the rendered response without its time, so that reruns write the same bytes;
+    the output the call printed is kept, even a line that looks like the time."""
+    printed = "execution time: 9.99s\nmore"
+    for r in (ExecResult(status="ok", stdout="42\n", wall_s=0.123),
+              ExecResult(status="error", stdout=printed, stderr="ValueError: x\n", exit_code=1, wall_s=3.0),
+              ExecResult(status="ok", stdout="".join(f"line {i}\n" for i in range(500)), wall_s=1.5)):
+        for max_chars in (1024, 200):
+            untimed = without_time(render_result(r, max_chars=max_chars))
+            assert untimed == render_result(r, max_chars=max_chars)[:len(untimed)]
+            assert "execution time: 9.99s\nmore" in untimed or r.stdout != printed
+            assert not untimed.endswith(f"execution time: {r.wall_s:.2f}s")
+    assert without_time("Tool call success\nstdout: 42") == "Tool call success\nstdout: 42"
 
 
 def test_render_truncates_middle_keeping_first_and_last_lines():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal as signal_module
 
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
@@ -137,3 +138,12 @@ def render_result(result: ExecResult, max_chars: int = 1024, show_time: bool = T
     if show_time:
         lines.append(f"execution time: {result.wall_s:.2f}s")
     return truncate_middle("\n".join(lines), max_chars)
+
+
+_TIME_LINE = re.compile(r"\nexecution time: \d+\.\d\ds\Z")
+
+
+def without_time(rendered: str) -> str:
+    """`render_result`'s text without its execution-time line: what a record keeps, so that two
+    runs of the same calls write the same bytes."""
+    return _TIME_LINE.sub("", rendered)
