@@ -23,7 +23,7 @@ every side alike). Columns:
   params once and each row's keys and values once, so the call cannot take less than
   ``sum over its steps of (param bytes + batch x context x KV bytes per token) / bandwidth``;
   the bandwidth is the device's HBM bandwidth (a datasheet table, by `device_kind`) on an
-  accelerator and a measured device copy (read + write of 512 MiB) elsewhere;
+  accelerator and a measured in-place update (read + write of 512 MiB) elsewhere;
 - on CPU, ``matmul-only``: the tokens/s of a loop doing nothing but a decode step's weight
   matmuls ([batch, hidden] times every layer's q, k, v, o, gate, up, down and the vocab head,
   one array per layer and matrix): no attention, norms, cache or sampling. On a CPU, decoding at
@@ -113,14 +113,14 @@ def kv_bytes_per_token(config: ModelConfig) -> int:
 
 
 def bandwidth() -> tuple[float, str]:
-    """Bytes/s of the default device: its datasheet HBM bandwidth, else a measured copy."""
+    """Bytes/s of the default device: its datasheet HBM bandwidth, else a measured in-place update."""
     import jax
 
     kind = jax.devices()[0].device_kind
     for name, value in BANDWIDTHS.items():
         if name in kind and jax.default_backend() != "cpu":
             return value, f"{name} datasheet"
-    return copy_bandwidth(), "measured copy"
+    return copy_bandwidth(), "measured in-place update"
 
 
 @contextlib.contextmanager
