@@ -6,6 +6,7 @@
     python experiments/benchmarks/bench_decode.py --model qwen3-0.6b --dtype bfloat16 \\
         --batches 64 --prompt-tokens 128 --new-tokens 128 --cost-only          # any machine, no weights
     python experiments/benchmarks/bench_decode.py --compile-depths 4 28        # first call vs depth
+    python experiments/benchmarks/bench_decode.py --batches 64 --split         # a step's parts
 
 Decoding: `rstar2_jax.sampler.generate` of random prompts of ``--prompt-tokens`` tokens, greedy,
 exactly ``--new-tokens`` new tokens per row (no stop token), random weights of the ``--model``
@@ -41,6 +42,11 @@ as reading and writing its whole operand, even in place: the two scatters per la
 the new token's key and value into the page pools are then counted as moving both pools, which
 they do not (the pools are updated in place: `tests/test_model_cache.py`); the figure is given
 as XLA counts it and with those scatters at the bytes they write.
+
+``--split`` (CPU): where a decode step's time goes, in one process: one step at the run's mean
+context (`forward_cached` on a paged cache, 16 steps per call), whole, with its attention
+replaced by the identity, with its cache writes replaced too, and with the attention replaced
+by its page gathers alone (every page it reads, summed); medians of 6 alternating calls.
 
 ``--compile-depths 4 28``: the first `generate()` call (compilation included) of a tiny Qwen3
 (``--model qwen3-tiny``: hidden 256) at each depth, each in a fresh process, and their ratio.
@@ -263,8 +269,80 @@ def time_first_call(args, config, batch):
     return {"seconds": time.perf_counter() - start}
 
 
+def time_split(args, config, batch: int, rounds: int = 6, steps: int = 16) -> dict:
+    """Milliseconds per decode step at the run's mean context: the whole step; the attention
+    replaced by the identity; the cache writes too; and the attention replaced by its page
+    gathers alone (each page of each row read and summed, no attention math). `forward_cached`
+    on a paged cache, `steps` steps per call, the variants alternating over `rounds` calls,
+    medians. The parts are swapped while each variant is traced: each is its own program."""
+    import jax
+    import jax.numpy as jnp
+
+    from rstar2_jax.model import cache as kv
+    from rstar2_jax.model import init_params
+
+    page_size = 32
+    context = args.prompt_tokens + (args.new_tokens + 1) // 2
+    width = -(-(context + steps) // page_size)
+    num_pages = batch * width
+    params = init_params(config, jax.random.key(0))
+    table = jnp.asarray(np.random.default_rng(0).permutation(num_pages).reshape(batch, width),
+                        jnp.int32)
+
+    def gathers_only(q, k_pool, v_pool, layer, table, lengths, *_):
+        """q [B, 1, H, D] plus the sum of every page `attend_pages` reads."""
+        def page(i, acc):
+            k, v = (kv.read_pages(pool, layer, table[:, i, None])[:, 0] for pool in (k_pool, v_pool))
+            return acc + (k + v).sum(axis=(1, 2))[:, None, None, :]  # [B, 1, 1, D]
+
+        pages = (jnp.max(lengths) + page_size - 1) // page_size
+        return q + jax.lax.fori_loop(0, pages, page, jnp.zeros((q.shape[0], 1, 1, q.shape[3])))
+
+    def keep_attention(q, *_, **__):
+        return q
+
+    def keep_pool(cache, pool, *_):
+        return pool
+
+    originals = {"attend_pages": kv.attend_pages, "write_tokens": kv.write_tokens}
+    swaps = {"whole step": {}, "without attention": {"attend_pages": keep_attention},
+             "without attention and cache writes": {"attend_pages": keep_attention,
+                                                    "write_tokens": keep_pool},
+             "attention's page gathers alone": {"attend_pages": gathers_only}}
+
+    def variant(swap):
+        def run(params, k, v, tokens):
+            for name, fn in originals.items():  # at trace time
+                setattr(kv, name, swap.get(name, fn))
+
+            def step(i, carry):
+                k, v, tokens = carry
+                cache = kv.KVCache(k=k, v=v, block_table=table,
+                                   lengths=jnp.full((batch,), context, jnp.int32) + i)
+                logits, cache = kv.forward_cached.__wrapped__(params, config, tokens, cache,
+                                                              last_only=True)
+                return cache.k, cache.v, jnp.argmax(logits, -1)[:, None].astype(jnp.int32)
+
+            out = jax.lax.fori_loop(0, steps, step, (k, v, tokens))
+            for name, fn in originals.items():
+                setattr(kv, name, fn)
+            return out
+        return jax.jit(run, donate_argnums=(1, 2))
+
+    fns = {label: variant(swap) for label, swap in swaps.items()}
+    state = {label: fn(params, *kv.empty_pages(config, num_pages, page_size),
+                       jnp.zeros((batch, 1), jnp.int32)) for label, fn in fns.items()}
+    times = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            jax.block_until_ready(state[label])
+            start = time.perf_counter()
+            state[label] = jax.block_until_ready(fn(params, *state[label]))
+            times[label].append((time.perf_counter() - start) / steps * 1e3)
+    return {"context": context, "ms": {label: statistics.median(t) for label, t in times.items()}}
+
 SIDES = {"ours": time_ours, "transformers": time_transformers, "floor": time_matmul_floor,
-         "first": time_first_call}
+         "first": time_first_call, "split": time_split}
 
 
 def measure(side: str, args, batch: int, layers: int | None = None) -> dict:
@@ -325,6 +403,8 @@ def main() -> None:
     parser.add_argument("--show", type=int, default=6, help="largest instructions to list")
     parser.add_argument("--compile-depths", type=int, nargs="+",
                         help="time the first generate() call at these depths instead")
+    parser.add_argument("--split", action="store_true",
+                        help="time a decode step whole and without its attention instead")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -333,6 +413,18 @@ def main() -> None:
         return
 
     import jax
+
+    if args.split:
+        if jax.default_backend() != "cpu":
+            parser.error("--split times the CPU decode path (`attend_pages`); this is "
+                         f"{jax.default_backend()}")
+        for batch in args.batches:
+            split = measure("split", args, batch)
+            print(f"decode step, {args.model}, {args.dtype}, batch {batch}, context "
+                  f"{split['context']} ({jax.default_backend()}):")
+            for label, ms in split["ms"].items():
+                print(f"  {label:>36}: {ms:6.1f} ms")
+        return
 
     if args.compile_depths:
         if args.model == parser.get_default("model"):
