@@ -292,11 +292,13 @@ def time_split(args, config, batch: int, rounds: int = 6, steps: int = 16) -> di
     def gathers_only(q, k_pool, v_pool, layer, table, lengths, *_):
         """q [B, 1, H, D] plus the sum of every page `attend_pages` reads."""
         def page(i, acc):
-            k, v = (kv.read_pages(pool, layer, table[:, i, None])[:, 0] for pool in (k_pool, v_pool))
+            k, v = (kv.read_pages(pool, layer, table[:, i, None], bits_of)[:, 0]
+                    for pool in (k_pool, v_pool))
             return acc + (k + v).sum(axis=(1, 2))[:, None, None, :]  # [B, 1, 1, D]
 
         pages = (jnp.max(lengths) + page_size - 1) // page_size
-        return q + jax.lax.fori_loop(0, pages, page, jnp.zeros((q.shape[0], 1, 1, q.shape[3])))
+        total = jax.lax.fori_loop(0, pages, page, jnp.zeros((q.shape[0], 1, 1, q.shape[3])))
+        return (q + total).astype(q.dtype)
 
     def keep_attention(q, *_, **__):
         return q
@@ -317,7 +319,7 @@ def time_split(args, config, batch: int, rounds: int = 6, steps: int = 16) -> di
 
             def step(i, carry):
                 k, v, tokens = carry
-                cache = kv.KVCache(k=k, v=v, block_table=table,
+                cache = kv.KVCache(k=k, v=v, block_table=table, dtype=bits_of,
                                    lengths=jnp.full((batch,), context, jnp.int32) + i)
                 logits, cache = kv.forward_cached.__wrapped__(params, config, tokens, cache,
                                                               last_only=True)
@@ -330,8 +332,12 @@ def time_split(args, config, batch: int, rounds: int = 6, steps: int = 16) -> di
         return jax.jit(run, donate_argnums=(1, 2))
 
     fns = {label: variant(swap) for label, swap in swaps.items()}
-    state = {label: fn(params, *kv.empty_pages(config, num_pages, page_size),
-                       jnp.zeros((batch, 1), jnp.int32)) for label, fn in fns.items()}
+    def pools():  # as the sampler keeps them: 16-bit floats as their bits (`kv.as_bits`)
+        return [kv.as_bits(pool) for pool in kv.empty_pages(config, num_pages, page_size)]
+
+    bits_of = None if pools()[0].dtype == config.jnp_dtype else config.jnp_dtype
+    state = {label: fn(params, *pools(), jnp.zeros((batch, 1), jnp.int32))
+             for label, fn in fns.items()}
     times = {label: [] for label in fns}
     for _ in range(rounds):
         for label, fn in fns.items():
