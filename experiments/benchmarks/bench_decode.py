@@ -288,6 +288,12 @@ def time_split(args, config, batch: int, rounds: int = 6, steps: int = 16) -> di
     params = init_params(config, jax.random.key(0))
     table = jnp.asarray(np.random.default_rng(0).permutation(num_pages).reshape(batch, width),
                         jnp.int32)
+    # The pools as the sampler keeps them: 16-bit floats as their bits (`kv.as_bits`).
+    bits = kv.as_bits(jnp.zeros((), config.jnp_dtype)).dtype != config.jnp_dtype
+    bits_of = config.jnp_dtype if bits else None
+
+    def pools():
+        return [kv.as_bits(pool) for pool in kv.empty_pages(config, num_pages, page_size)]
 
     def gathers_only(q, k_pool, v_pool, layer, table, lengths, *_):
         """q [B, 1, H, D] plus the sum of every page `attend_pages` reads."""
@@ -332,20 +338,16 @@ def time_split(args, config, batch: int, rounds: int = 6, steps: int = 16) -> di
         return jax.jit(run, donate_argnums=(1, 2))
 
     fns = {label: variant(swap) for label, swap in swaps.items()}
-    def pools():  # as the sampler keeps them: 16-bit floats as their bits (`kv.as_bits`)
-        return [kv.as_bits(pool) for pool in kv.empty_pages(config, num_pages, page_size)]
-
-    bits_of = None if pools()[0].dtype == config.jnp_dtype else config.jnp_dtype
-    state = {label: fn(params, *pools(), jnp.zeros((batch, 1), jnp.int32))
+    state = {label: jax.block_until_ready(fn(params, *pools(), jnp.zeros((batch, 1), jnp.int32)))
              for label, fn in fns.items()}
     times = {label: [] for label in fns}
     for _ in range(rounds):
         for label, fn in fns.items():
-            jax.block_until_ready(state[label])
             start = time.perf_counter()
             state[label] = jax.block_until_ready(fn(params, *state[label]))
             times[label].append((time.perf_counter() - start) / steps * 1e3)
     return {"context": context, "ms": {label: statistics.median(t) for label, t in times.items()}}
+
 
 SIDES = {"ours": time_ours, "transformers": time_transformers, "floor": time_matmul_floor,
          "first": time_first_call, "split": time_split}
