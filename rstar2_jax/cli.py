@@ -70,7 +70,11 @@ def _rl(args: argparse.Namespace) -> int:
     require_writable_dir(config.run_dir, "the run directory")
     # run_rl starts its sandbox and verifier pools first; check what it reads before that.
     open_tokenizer(config.model.path, config.model.tokenizer_path, get_format(config.model.chat_format))
-    load_problems(config.stage.dataset)
+    problems = load_problems(config.stage.dataset)
+    if config.rl.questions_per_step > len(problems):
+        raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} exceeds the "
+                          f"{len(problems)} problems of stage.dataset={config.stage.dataset}; "
+                          f"lower it or use a larger dataset")
     _require_previous_stage(config.stage.init_from)
     state = run_rl(config)
     print(f"RL finished at step {int(state.step)}")

@@ -77,6 +77,11 @@ def test_config_keeps_tool_rendering_consistent():
         load_config(DemoConfig, overrides=["eval_problems=100000"])
 
 
+def test_config_refuses_more_questions_per_step_than_training_problems():
+    with pytest.raises(ConfigError, match="rl.questions_per_step=65 exceeds the data.n_train=64"):
+        load_config(DemoConfig, overrides=["data.n_train=64", "data.n_sft=32", "rl.questions_per_step=65"])
+
+
 def test_cli_evaluates_the_exported_toy_model_from_a_fresh_interpreter(demo, tmp_path):
     # The toy's chat format is registered by the toy package; a user who points the CLI at the
     # toy's exported model must not need to import it first.

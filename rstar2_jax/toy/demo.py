@@ -146,6 +146,9 @@ class DemoConfig:
         if not 1 <= self.eval_problems <= self.data.n_test:
             raise ValueError(f"eval_problems must be in 1..data.n_test={self.data.n_test}, "
                              f"got {self.eval_problems}")
+        if self.rl.questions_per_step > self.data.n_train:
+            raise ValueError(f"rl.questions_per_step={self.rl.questions_per_step} exceeds the "
+                             f"data.n_train={self.data.n_train} training problems")
         if self.eval_samples < 1 or self.rl_steps < 1 or self.sft_epochs < 1:
             raise ValueError("eval_samples, rl_steps and sft_epochs must be >= 1")
 
