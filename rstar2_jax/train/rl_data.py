@@ -239,7 +239,12 @@ def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
     ``response_lengths``: ``[questions * n]`` tokens after each prompt (tool output included).
 
     A ratio with nothing to measure is absent from the dict, never 0: the tool-error ratios among
-    positives when there is no positive (or no positive called a tool), for example.
+    positives when there is no positive (or no positive called a tool), for example, and the
+    advantage statistics of a step that kept nothing.
+
+    ``advantages/{mean,abs_mean,min,max,nonzero_frac}`` are taken over the kept rollouts that
+    train, one value per rollout (the estimator's output, before any per-token rollout
+    correction), not per loss token: a long rollout counts once.
     """
     flat = rollouts.take(np.arange(rollouts.rewards.size))
     rewards = np.asarray(rollouts.rewards)
@@ -275,4 +280,10 @@ def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
     ratios = {"tools/error_ratio": error_ratio(np.ones_like(positive)),
               "tools/error_ratio_positives": error_ratio(positive),
               "tools/error_ratio_kept_positives": error_ratio(kept_positive)}
-    return metrics | {name: value for name, value in ratios.items() if value is not None}
+    metrics |= {name: value for name, value in ratios.items() if value is not None}
+    if len(kept.advantages):
+        a = np.asarray(kept.advantages, np.float64)
+        metrics |= {"advantages/mean": float(a.mean()), "advantages/abs_mean": float(np.abs(a).mean()),
+                    "advantages/min": float(a.min()), "advantages/max": float(a.max()),
+                    "advantages/nonzero_frac": float(np.mean(a != 0))}
+    return metrics
