@@ -3,6 +3,7 @@
 Training jobs take a YAML config and ``key=value`` overrides, checked against the job's frozen
 dataclass (``rstar2_jax.train.configs``); a bad key or value stops with a message naming it::
 
+    python -m rstar2_jax demo [--tiny] [out=runs/demo]
     python -m rstar2_jax sft --config experiments/paper/sft.yaml run_dir=runs/sft
     python -m rstar2_jax rl --config experiments/paper/stage1.yaml
     python -m rstar2_jax eval --config experiments/paper/eval_aime.yaml model.path=out/hf
@@ -44,7 +45,9 @@ _MULTI_PROCESS_JOBS = {"sft", "rl", "eval", "hard-subset"}
 def _demo(args: argparse.Namespace) -> int:
     from rstar2_jax.toy.demo import DemoConfig, run_demo
 
-    run_demo(load_config(DemoConfig, args.config, args.overrides))
+    config = load_config(DemoConfig.tiny() if args.tiny else DemoConfig, args.config, args.overrides)
+    args.resume = f"the checkpoints in {config.out} (saved as SFT and RL finish)"
+    run_demo(config)
     return 0
 
 
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", parents=[debug],
                           help="the main job: a CPU toy that trains in minutes")
+    demo.add_argument("--tiny", action="store_true",
+                      help="the smallest run that learns (DemoConfig.tiny, out=runs/demo_tiny): "
+                           "about a minute on 2 cores; the config file and overrides apply on top")
     _add_config_args(demo)
     demo.set_defaults(func=_demo)
 
