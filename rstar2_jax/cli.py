@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def _sft(args: argparse.Namespace) -> int:
 
     config = load_config(SFTConfig, args.config, args.overrides)
     require_writable_dir(config.run_dir, "the run directory")
+    args.resume = f"the newest checkpoint in {config.run_dir}"
     state = run_sft(config)
     print(f"SFT finished at step {int(state.step)}")
     return 0
@@ -79,6 +81,7 @@ def _rl(args: argparse.Namespace) -> int:
                           f"{len(problems)} problems of stage.dataset={config.stage.dataset}; "
                           f"lower it or use a larger dataset")
     _require_previous_stage(config.stage.init_from)
+    args.resume = f"the newest checkpoint in {config.run_dir}"
     state = run_rl(config)
     print(f"RL finished at step {int(state.step)}")
     return 0
@@ -210,10 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     launcher.set_defaults(func=_launch)
 
     args = parser.parse_args(argv)
+    # transformers' import-time advice ("PyTorch was not found...") concerns its models, which
+    # no job uses; its warnings stay.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     import rstar2_jax.toy.format  # noqa: F401  registers model.chat_format=toy, for the toy's models
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # orbax logs every checkpoint step through absl at INFO; keep the progress bars readable.
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # Our own INFO lines, and only the warnings of the libraries (JAX logs its backend probing,
+    # orbax every checkpoint step, at INFO).
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rstar2_jax").setLevel(logging.INFO)
     try:
         if args.func is not _launch:
             initialize_from_env()
@@ -228,3 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             f"cannot access {e.filename}: {e.strerror or _one_line(e)}"
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        resume = getattr(args, "resume", None)
+        print("interrupted; " + (f"run the same command again to resume from {resume}" if resume
+                                 else "nothing to resume, run the command again"), file=sys.stderr)
+        return 130

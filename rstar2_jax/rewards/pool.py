@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import resource
+import signal
 import threading
 
 import multiprocess
@@ -45,6 +46,9 @@ def _serve(connection) -> None:
     """Worker main loop. Requests are JSON: `{"response": text}` is answered with the final
     answer's boxes `{"boxes": [...]}`, `{"boxes": [...], "gold": gold}` with `{"equal": bool}`;
     an unexpected failure with `{"error": str}`."""
+    # A terminal's Ctrl-C reaches the whole process group: the trainer handles it and stops
+    # the pool; a worker must not die on it with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
     from rstar2_jax.rewards.extract import extract_boxes
     from rstar2_jax.rewards.verify import answer_matches

@@ -246,12 +246,12 @@ def toy_model_config(shape: ToyModel, tokenizer):
         eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id)
 
 
-def sft_seq_len(data: Path, tokenizer, max_len: int) -> int:
-    """SFT sequence length for the demonstrations in ``data``: the longest one, rounded up to a
-    multiple of 16. Tool output in the demonstrations is real (tracebacks differ between Python
-    versions), so a fixed length would fail on some machine; raises ValueError when a
-    demonstration exceeds ``max_len`` (the model's positions)."""
-    longest = max(len(ids) for ids, _ in Conversations(str(data), tokenizer, TOY_FORMAT, max_len))
+def sft_seq_len(examples: Conversations, max_len: int) -> int:
+    """SFT sequence length for the encoded demonstrations ``examples``: the longest one, rounded
+    up to a multiple of 16, at most ``max_len`` (the model's positions, which ``examples`` were
+    checked against). Tool output in the demonstrations is real (tracebacks differ between
+    Python versions), so a fixed length would fail on some machine."""
+    longest = max(len(ids) for ids, _ in examples)
     return min(-(-longest // 16) * 16, max_len)
 
 
@@ -298,8 +298,11 @@ def train_sft_policy(cfg: DemoConfig, sandbox, *, progress: bool = True) -> None
     model_config = toy_model_config(cfg.model, tokenizer)
     save_hf(out / "init_model", model_config, init_params(model_config, jax.random.key(cfg.seed)))
     tokenizer.save_pretrained(out / "init_model")
-    seq_len = sft_seq_len(out / "data" / "sft.jsonl", tokenizer, model_config.max_position_embeddings)
-    run_sft(sft_config(cfg, out, seq_len), progress=progress)
+    # Encoded once: for the sequence length, and to train on.
+    examples = Conversations(str(out / "data" / "sft.jsonl"), tokenizer, TOY_FORMAT,
+                             model_config.max_position_embeddings)
+    config = sft_config(cfg, out, sft_seq_len(examples, model_config.max_position_embeddings))
+    run_sft(config, progress=progress, examples=examples)
     export_model(out / "sft", out / "sft_model", tokenizer)
 
 
