@@ -18,7 +18,8 @@ micro-batch of the update; nothing else about the algorithm is written in the tr
    ``sum(loss_sum) / sum(count)`` over micro-batches, so ``count`` is what the loss is averaged
    over (tokens, or sequences) and must add up across micro-batches; padding rows (all-False
    mask) must add 0 to both. Each ``metric_sums`` value is a float32 scalar that the train step
-   divides by the same total ``count``, except names ending in ``_max``, which are maxima. It
+   divides by the same total ``count``, except names ending in ``_max`` (maxima) or ``_min``
+   (minima; `rstar2_jax.train.step.metric_reduction`). It
    must be jit-able and differentiable in ``logp``.
 
 A new estimator is one pure function passed by value, e.g.
