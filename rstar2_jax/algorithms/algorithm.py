@@ -62,6 +62,27 @@ class Rollouts(NamedTuple):
     answer_tags: np.ndarray
     turns: np.ndarray
 
+    @classmethod
+    def from_rewards(cls, rewards, **fields) -> Rollouts:
+        """Rollouts of ``rewards`` (any shape, e.g. ``[questions, n]``) that are otherwise alike:
+        one model turn of 1 token with its answer block, no tool call, not truncated; each of
+        ``fields`` (any other field by name, a value broadcast to the rewards' shape) replaces
+        its default. For tests and examples, e.g. of an estimator that reads only the rewards::
+
+            Rollouts.from_rewards([[1, 0, 0, 1]], tool_calls=[[1, 2, 0, 0]])
+        """
+        rewards = np.asarray(rewards, np.float32)
+        unknown = set(fields) - set(cls._fields)
+        if unknown or "rewards" in fields:
+            raise TypeError(f"Rollouts has no field(s) {sorted(unknown | ({'rewards'} & set(fields)))} "
+                            f"to set beside the rewards; its fields are {cls._fields}")
+        defaults = {"lengths": (1, np.int32), "truncated": (False, bool), "tool_calls": (0, np.int32),
+                    "tool_errors": (0, np.int32), "tool_error_mentions": (0, np.int32),
+                    "answer_blocks": (1, np.int32), "answer_tags": (2, np.int32), "turns": (1, np.int32)}
+        return cls(rewards, **{name: np.broadcast_to(np.asarray(fields.get(name, value), dtype),
+                                                     rewards.shape).copy()
+                               for name, (value, dtype) in defaults.items()})
+
     def take(self, index: np.ndarray) -> Rollouts:
         """Rollouts at ``index`` (any shape) into the flattened ``[questions * n]`` rollouts."""
         index = np.asarray(index)
