@@ -55,7 +55,8 @@ class RolloutRuntime:
         s = self.settings
         with contextlib.ExitStack() as stack:  # a pool that fails to start stops the other
             sandbox = stack.enter_context(
-                SandboxPool(num_workers=s.sandbox_workers, timeout_s=s.tool_timeout_s))
+                SandboxPool(num_workers=s.sandbox_workers, timeout_s=s.tool_timeout_s,
+                            **s.tool_limits.given()))
             verifier = stack.enter_context(
                 VerifierPool(num_workers=s.verifier_workers, timeout_s=s.verifier_timeout_s))
             self._stack = stack.pop_all()

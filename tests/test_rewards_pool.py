@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -235,3 +236,18 @@ def test_done_callbacks_may_submit_and_close_but_not_wait(pool_and_others):
 def test_bad_configuration_is_rejected(kwargs):
     with pytest.raises(ValueError):
         VerifierPool(**kwargs)
+
+
+def test_a_script_without_the_main_guard_is_told_it_needs_one(tmp_path):
+    # The spawned worker re-imports the script, whose pool cannot start from a worker: the worker
+    # dies at once, and the error must say so, and why, without waiting for the start-up timeout.
+    script = tmp_path / "no_guard.py"
+    script.write_text("from rstar2_jax.rewards import VerifierPool\n"
+                      "with VerifierPool(num_workers=1) as pool:\n"
+                      "    print('started')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(pathlib.Path(__file__).parents[1])})
+    assert done.returncode == 1 and "started" not in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: verifier worker exited (exit code 1) before it started")
+    assert "lacks an `if __name__ == '__main__':` guard" in last and "did not start within" not in last

@@ -178,3 +178,12 @@ def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
     assert int(state.step) == 0  # the state it was given is untouched
     after, _ = update(state, batch, check=lambda stats: None)
     assert int(after.step) == 1
+
+
+def test_mini_batch_metrics_combine_by_the_step_rule():
+    from rstar2_jax.train.rl_update import _combine
+
+    updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0},
+               {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0}]
+    assert _combine(updates) == {"lr": 2.0, "grad_norm": 2.0, "ratio_max": 1.5, "ratio_min": 0.5,
+                                 "kl": 1.0}  # kl: (4 * 1 + 0 * 3) / 4 tokens

@@ -30,7 +30,7 @@ from rstar2_jax.algorithms.correction import (
     mismatch_metrics,
     ratio_in_range,
 )
-from rstar2_jax.algorithms.loss import policy_loss
+from rstar2_jax.algorithms.loss import aggregate, policy_loss
 from rstar2_jax.algorithms.roc import (
     RULES,
     paper_penalty_terms,
@@ -87,6 +87,7 @@ __all__ = [
     "Rollouts",
     "SAPO",
     "Selection",
+    "aggregate",
     "apply_correction",
     "cispo_loss",
     "dr_grpo_advantages",

@@ -18,7 +18,8 @@ micro-batch of the update; nothing else about the algorithm is written in the tr
    ``sum(loss_sum) / sum(count)`` over micro-batches, so ``count`` is what the loss is averaged
    over (tokens, or sequences) and must add up across micro-batches; padding rows (all-False
    mask) must add 0 to both. Each ``metric_sums`` value is a float32 scalar that the train step
-   divides by the same total ``count``, except names ending in ``_max``, which are maxima. It
+   divides by the same total ``count``, except names ending in ``_max`` (maxima) or ``_min``
+   (minima; `rstar2_jax.train.step.metric_reduction`). It
    must be jit-able and differentiable in ``logp``.
 
 A new estimator is one pure function passed by value, e.g.
@@ -60,6 +61,27 @@ class Rollouts(NamedTuple):
     answer_blocks: np.ndarray
     answer_tags: np.ndarray
     turns: np.ndarray
+
+    @classmethod
+    def from_rewards(cls, rewards, **fields) -> Rollouts:
+        """Rollouts of ``rewards`` (any shape, e.g. ``[questions, n]``) that are otherwise alike:
+        one model turn of 1 token with its answer block, no tool call, not truncated; each of
+        ``fields`` (any other field by name, a value broadcast to the rewards' shape) replaces
+        its default. For tests and examples, e.g. of an estimator that reads only the rewards::
+
+            Rollouts.from_rewards([[1, 0, 0, 1]], tool_calls=[[1, 2, 0, 0]])
+        """
+        rewards = np.asarray(rewards, np.float32)
+        unknown = set(fields) - set(cls._fields)
+        if unknown or "rewards" in fields:
+            raise TypeError(f"Rollouts has no field(s) {sorted(unknown | ({'rewards'} & set(fields)))} "
+                            f"to set beside the rewards; its fields are {cls._fields}")
+        defaults = {"lengths": (1, np.int32), "truncated": (False, bool), "tool_calls": (0, np.int32),
+                    "tool_errors": (0, np.int32), "tool_error_mentions": (0, np.int32),
+                    "answer_blocks": (1, np.int32), "answer_tags": (2, np.int32), "turns": (1, np.int32)}
+        return cls(rewards, **{name: np.broadcast_to(np.asarray(fields.get(name, value), dtype),
+                                                     rewards.shape).copy()
+                               for name, (value, dtype) in defaults.items()})
 
     def take(self, index: np.ndarray) -> Rollouts:
         """Rollouts at ``index`` (any shape) into the flattened ``[questions * n]`` rollouts."""

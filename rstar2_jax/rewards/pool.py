@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import resource
+import signal
 import threading
 
 import multiprocess
@@ -45,6 +46,9 @@ def _serve(connection) -> None:
     """Worker main loop. Requests are JSON: `{"response": text}` is answered with the final
     answer's boxes `{"boxes": [...]}`, `{"boxes": [...], "gold": gold}` with `{"equal": bool}`;
     an unexpected failure with `{"error": str}`."""
+    # A terminal's Ctrl-C reaches the whole process group: the trainer handles it and stops
+    # the pool; a worker must not die on it with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
     from rstar2_jax.rewards.extract import extract_boxes
     from rstar2_jax.rewards.verify import answer_matches
@@ -76,18 +80,21 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child_end,), daemon=True)
         self.process.start()
         child_end.close()
+        died = False
         try:
             ready = self.connection.poll(_STARTUP_TIMEOUT_S)
             ready = ready and self.connection.recv_bytes() == _READY
-        except EOFError:
-            ready = False
+        except EOFError:  # the worker closed its end: it is exiting, most often seconds in
+            ready, died = False, True
         if not ready:
             self.kill()
-            raise RuntimeError(
-                f"verifier worker did not start within {_STARTUP_TIMEOUT_S} s (exit code "
-                f"{self.process.exitcode}); a script that starts a VerifierPool needs an "
-                "`if __name__ == '__main__':` guard, as spawned workers re-import the main module"
-            )
+            if died:
+                raise RuntimeError(
+                    f"verifier worker exited (exit code {self.process.exitcode}) before it started, "
+                    "its traceback above; most often the script that starts the VerifierPool (or a "
+                    "RolloutRuntime) lacks an `if __name__ == '__main__':` guard around it, which it "
+                    "needs because spawned workers re-import the main module")
+            raise RuntimeError(f"verifier worker did not start within {_STARTUP_TIMEOUT_S} s")
 
     def call(self, request: dict, timeout_s: float) -> dict | str:
         """The worker's reply, or `"timeout"` / `"died"` if it missed the deadline or crashed."""

@@ -42,7 +42,7 @@ from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
 from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
-from rstar2_jax.sandbox import Session, render_result
+from rstar2_jax.sandbox import SandboxConfig, Session, render_result
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,26 @@ log = logging.getLogger(__name__)
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolLimits:
+    """Per-call limits of the tool sandbox other than the timeout (``rollout.tool_limits``);
+    each is `rstar2_jax.sandbox.SandboxConfig`'s field of the same name and, when None, takes
+    its default there (docs/sandbox.md): cpu_s (seconds), memory_bytes, max_processes,
+    max_file_bytes, max_open_files, output_limit_bytes, scratch_bytes."""
+
+    cpu_s: int | None = None
+    memory_bytes: int | None = None
+    max_processes: int | None = None
+    max_file_bytes: int | None = None
+    max_open_files: int | None = None
+    output_limit_bytes: int | None = None
+    scratch_bytes: int | None = None
+
+    def given(self) -> dict[str, int]:
+        """The limits set, by name: keyword arguments of `SandboxPool` / `SandboxConfig`."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +90,7 @@ class RolloutSettings:
     tool_session: a trajectory's tool calls share state, as cells of a notebook (False: every
       call is a fresh program, rStar2's training tool). See `rstar2_jax.sandbox.session`.
     sandbox_workers: sandbox worker processes (None: one per core).
+    tool_limits: the sandbox's other per-call limits (memory, processes, output, ...), `ToolLimits`.
     verifier_workers: answer-checking processes.
     verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
     serving_dtype: dtype of the params and KV cache the sampler serves, cast from the trainer's
@@ -92,6 +113,7 @@ class RolloutSettings:
     tool_timeout_s: float = 4.0
     tool_session: bool = False
     sandbox_workers: int | None = None
+    tool_limits: ToolLimits = dataclasses.field(default_factory=ToolLimits)
     verifier_workers: int = 1
     verifier_timeout_s: float = 4.0
     serving_dtype: str = "auto"
@@ -109,6 +131,10 @@ class RolloutSettings:
         _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
+        try:
+            SandboxConfig(timeout_s=self.tool_timeout_s, **self.tool_limits.given())
+        except ValueError as e:
+            raise ValueError(f"rollout.tool_limits: {e}") from None
         _check(self.verifier_workers >= 1,
                f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
         _check(self.verifier_timeout_s > 0,

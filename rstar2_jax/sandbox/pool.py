@@ -280,8 +280,10 @@ class SandboxPool:
         argv = [sys.executable, "-P", "-m", "rstar2_jax.sandbox.template", str(to_template_r),
                 str(from_template_w), str(index), str(self._uid_base), self.config.to_json()]
         # subprocess uses fork+exec in C with no Python running in between: safe beside JAX threads.
+        # A process group of its own: a terminal's Ctrl-C goes to the caller, which closes the pool,
+        # and not to the template, which would die on it with a traceback.
         proc = subprocess.Popen(argv, pass_fds=(to_template_r, from_template_w), env=self._env, cwd="/",
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, process_group=0)
         os.close(to_template_r)
         os.close(from_template_w)
         return _Worker(index, proc, Connection(from_template_r, writable=False),

@@ -124,7 +124,8 @@ class RLLoop:
             self.checked_mismatch = True
             metrics |= update_metrics
         else:
-            log.info("step %d: the selection kept no rollout to train on; no update", step + 1)
+            log.warning("RL step %d: the selection kept no rollout to train on (every group's "
+                        "rewards were equal); no update", step + 1)
         metrics["time/update_s"] = time.perf_counter() - start
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
         # One RL step may take several optimizer updates (mini-batches) or none; the train

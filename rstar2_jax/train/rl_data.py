@@ -110,10 +110,7 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     n = rollouts_per_question
     rewards = np.zeros((2, n), np.float32)
     rewards[1, : n // 2 or 1] = 1.0
-    ones = np.ones((2, n), np.int32)
-    rollouts = Rollouts(rewards, lengths=4 * ones, truncated=np.zeros((2, n), bool),
-                        tool_calls=ones, tool_errors=0 * ones, tool_error_mentions=0 * ones,
-                        answer_blocks=ones, answer_tags=2 * ones, turns=2 * ones)
+    rollouts = Rollouts.from_rewards(rewards, lengths=4, tool_calls=1, turns=2)
     try:
         select_rollouts(algorithm, jax.random.key(0), rollouts, group_size)
     except ValueError as e:

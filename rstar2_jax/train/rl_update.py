@@ -36,7 +36,7 @@ from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig
-from rstar2_jax.train.step import TrainState, make_train_step
+from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction
 
 _FIELDS = ("tokens", "attention_mask", "loss_mask", "advantages", "sampler_logp")
 
@@ -215,13 +215,14 @@ def _count(mask: jax.Array) -> jax.Array:
 
 def _combine(per_update: list[dict]) -> dict[str, float]:
     """The mini-batch updates' metrics as one: each weighted by its loss count (``tokens`` of
-    the train step: loss tokens, or sequences, as the loss averages), maxima of ``_max``
-    names, grad norm averaged, lr of the last."""
+    the train step: loss tokens, or sequences, as the loss averages), maxima and minima of the
+    names `metric_reduction` says, grad norm averaged, lr of the last."""
     counts = np.array([m["tokens"] for m in per_update], np.float64)
     total = max(counts.sum(), 1.0)
     out = {"lr": float(per_update[-1]["lr"]),
            "grad_norm": float(np.mean([m["grad_norm"] for m in per_update]))}
     for k in per_update[0].keys() - {"lr", "grad_norm", "tokens"}:
         values = [float(m[k]) for m in per_update]
-        out[k] = max(values) if k.endswith("_max") else float(np.dot(values, counts) / total)
+        how = metric_reduction(k)
+        out[k] = {"max": max, "min": min}[how](values) if how != "mean" else float(np.dot(values, counts) / total)
     return out
