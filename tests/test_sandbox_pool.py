@@ -195,6 +195,26 @@ def test_pool_is_an_executor_and_reports_counters(pool, short_pool, calls, statu
     assert health["healthy"] and health["live_workers"] == p.num_workers and health["in_flight"] == 0
 
 
+def _voluntary_switches(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_output_a_byte_at_a_time_wakes_the_template_at_most_every_10_ms():
+    """A call that wrote its output a byte at a time woke its template for every byte: 0.25-0.4 s
+    of CPU per call in the template, outside the call's CPU cgroup. The template reads a stream
+    that delivered little at most every 10 ms (two wakeups per stream and window: the window's
+    end and the data), and still gets every byte."""
+    with SandboxPool(num_workers=1, timeout_s=PATIENT_TIMEOUT_S) as pool:
+        pid = pool.health()["template_pids"][0]
+        before = _voluntary_switches(pid)
+        result = pool.run("import os, time\nfor _ in range(1000):\n    os.write(1, b'x')\n    os.write(2, b'y')\n"
+                          "    time.sleep(0.001)")
+        woken = _voluntary_switches(pid) - before
+    assert result.status == "ok" and result.stdout == "x" * 1000 and result.stderr == "y" * 1000, result
+    assert woken <= 4 * result.wall_s / 0.01 + 20, (woken, result.wall_s)
+
+
 def test_dead_template_fails_its_calls_and_is_replaced():
     with SandboxPool(num_workers=1, timeout_s=PATIENT_TIMEOUT_S) as pool:
         victim = pool.health()["template_pids"][0]
