@@ -193,6 +193,11 @@ print(extra)""", "ok", check=lambda r: r.stdout == "[]\n"),
           "os.kill(-1, 9)\nprint('alive', os.wait()[1])", "ok", check=lambda r: r.stdout == "alive 9\n"),
     _case("keyboard_interrupt", "raise KeyboardInterrupt", "error", check=_stderr_has("KeyboardInterrupt")),
     _case("setuid_root", "import os\nos.setuid(0)", "error", check=_stderr_has("PermissionError")),
+    # Under the host's memory pressure the kernel kills a call before the trainer, and the call
+    # cannot change that.
+    _case("oom_score_adj_highest_and_fixed", "adj = open('/proc/self/oom_score_adj').read()\ntry:\n"
+          "    open('/proc/self/oom_score_adj', 'w').write('0')\n    print(adj, 'lowered')\nexcept OSError as e:\n"
+          "    print(adj.strip(), e.errno)", "ok", check=lambda r: r.stdout == "1000 13\n"),
     _case("no_new_privs", "print(next(l for l in open('/proc/self/status') if l.startswith('NoNewPrivs')).split()[1])",
           "ok", check=lambda r: r.stdout == "1\n"),
     # fd 3 once carried the call's status to the template: writing "setup" made it a sandbox_error.

@@ -2,7 +2,7 @@
 of one worker of the pool.
 
 Started by the pool as ``python -P -m rstar2_jax.sandbox.template <in_fd> <out_fd> <worker>
-<uid_base> <config-json>`` with an environment built from scratch (``pool``). It imports and
+<num_workers> <uid_base> <config-json>`` with an environment built from scratch (``pool``). It imports and
 exercises the usual math modules once, sets up its containment (cgroups, namespaces, the
 minimal root), then forks the zygote (``zygote``): a warm copy that has seen no call, from which
 every call is forked (~3 ms instead of ~0.4 s for a fresh interpreter that imports numpy and
@@ -415,8 +415,8 @@ def choose_level(requested: str, paths: list[str], slots: int) -> tuple[str, int
 
 
 def main(argv: list[str]) -> None:
-    in_fd, out_fd, worker, uid_base = map(int, argv[:4])
-    config = SandboxConfig.from_json(argv[4])
+    in_fd, out_fd, worker, num_workers, uid_base = map(int, argv[:5])
+    config = SandboxConfig.from_json(argv[5])
     conn_in = Connection(in_fd, writable=False)
     conn_out = Connection(out_fd, readable=False)
     try:
@@ -429,7 +429,8 @@ def main(argv: list[str]) -> None:
             # data and checkpoints).
             paths = filesystem.installation_paths(hidden=os.path.dirname(os.path.dirname(rstar2_jax.__file__)))
         # Cgroups first: their filesystem is not part of the minimal root.
-        cgroups = SlotCgroups.create(config.slots_per_worker, config.memory_bytes)
+        cgroups = SlotCgroups.create(config.slots_per_worker, config.memory_bytes,
+                                     config.pool_memory_bytes // num_workers)
         level, pidns, slot_netns = choose_level(config.isolation, paths, config.slots_per_worker)
         uids = tuple(uid_base + worker * config.slots_per_worker + s for s in range(config.slots_per_worker))
         spec = zygote.CallSpec(
