@@ -204,6 +204,10 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
             containment.unshare(containment.CLONE_NEWNS | containment.CLONE_NEWIPC)
             scratch = filesystem.enter_call_filesystem(config.scratch_bytes, uid, list(spec.rebind))
         os.chdir(scratch)
+        # Under the host's memory pressure the kernel kills calls first, never the trainer
+        # before them; set while privileged, so the call cannot lower it again.
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
         containment.set_call_limits(config, level)
         if level != "none":
             containment.drop_privileges(uid)
