@@ -276,6 +276,18 @@ def rl_config(cfg: DemoConfig, out: Path, name: str) -> RLJobConfig:
         rollout=cfg.rollout)
 
 
+def weight_change(before: str | Path, after: str | Path) -> float:
+    """The largest absolute difference between the weights of two Hugging Face model
+    directories of one shape (0.0: the policy did not move, e.g. an RL run that never updated)."""
+    import jax
+    import numpy as np
+
+    from rstar2_jax.model import load_hf
+
+    (_, a), (_, b) = load_hf(before), load_hf(after)
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def export_model(run_dir: Path, output: Path, tokenizer) -> None:
     """The newest checkpoint of ``run_dir`` as a Hugging Face model directory with its tokenizer."""
     from rstar2_jax.train.checkpoint import export_hf
