@@ -9,17 +9,21 @@ user's code (the runner's own frames are hidden) and names the source ``<tool_co
 A call of a session (``rstar2_jax.sandbox.session``) first replays the session's earlier cells
 in the same namespace (sources ``<cell 1>``, ``<cell 2>``, ...), with file descriptors 1 and 2
 on ``/dev/null``, each cell's stdin on ``sys.stdin`` and every exception swallowed, then runs its
-code as above.
+code as above. What the replayed cells leave behind stays silent (``replay_cells``).
 """
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import json
 import linecache
 import os
 import random
+import signal
+import socket
 import sys
+import threading
 import traceback
 
 from rstar2_jax.sandbox import containment, filesystem, seccomp
@@ -56,6 +60,52 @@ class _TrackingFileIO(io.FileIO):
 
 
 _stdout_raw: _TrackingFileIO | None = None
+# Streams a replay left to the threads of its cells: kept, so that they are never flushed into
+# the new cell's output when they are collected.
+_retired_streams: list = []
+
+
+def _open_stdio() -> None:
+    """``sys.stdout`` and ``sys.stderr`` on descriptors 1 and 2 (stdout tracked, for the
+    trailing-expression rule)."""
+    global _stdout_raw
+    _stdout_raw = _TrackingFileIO(1, "w", closefd=False)
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_stdout_raw), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                  encoding="utf-8", errors="backslashreplace", line_buffering=True)
+
+
+class _CallersOnly:
+    """A text stream that drops what threads without the call's descriptor write: those left by
+    replayed cells, whose descriptor table has ``/dev/null`` where the call's has its pipe."""
+
+    def __init__(self, stream, fd: int):
+        self._stream, self._fd, self._inode = stream, fd, os.fstat(fd).st_ino
+
+    def write(self, text):
+        try:
+            if os.fstat(self._fd).st_ino != self._inode:
+                return len(text)
+        except OSError:
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _keep_streams(sock_fd: int, replayed: threading.Event) -> None:
+    """A thread that holds descriptors 1 and 2 in a descriptor table of its own while the cells
+    replay, and hands them back over ``sock_fd`` once ``replayed`` is set (an event, not a
+    message on the socket, which a cell could write to)."""
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        containment.unshare(containment.CLONE_FILES)
+        sock.send(b"k")  # kept: the main thread may put /dev/null on 1 and 2
+        replayed.wait()
+        socket.send_fds(sock, [b"f"], [1, 2])
+    finally:
+        sock.close()
 
 
 def _nothing_printed() -> bool:
@@ -101,11 +151,23 @@ def replay_cells(cells: list[list[str]], namespace: dict) -> None:
     """Run a session's earlier cells ``[[code, stdin], ...]`` in ``namespace``: output to
     ``/dev/null`` (at the descriptor level, so that subprocesses and ``os.write`` are silent
     too), each cell's stdin on ``sys.stdin``, every exception swallowed (a cell that failed
-    half-way keeps what it did before the failing line, as in a live kernel)."""
+    half-way keeps what it did before the failing line, as in a live kernel).
+
+    What the cells leave behind stays silent in the new cell: the call's descriptors 1 and 2
+    are not in the process while the cells run (a thread with a descriptor table of its own
+    holds them, and hands them back to the main thread, which takes a table of its own first:
+    threads the cells started keep ``/dev/null``, and their Python-level writes are dropped);
+    interval timers are disarmed; garbage is collected, finalizers included, before the
+    output comes back."""
     if not cells:
         return
-    stdin = sys.stdin
-    saved = os.dup(1), os.dup(2)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs_fd, replayed = theirs.detach(), threading.Event()
+    keeper = threading.Thread(target=_keep_streams, args=(theirs_fd, replayed), daemon=True)
+    keeper.start()
+    ours.recv(1)
+    os.close(theirs_fd)  # the keeper has its own copy now
+    call_pid, stdin = os.getpid(), sys.stdin
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
@@ -121,16 +183,30 @@ def replay_cells(cells: list[list[str]], namespace: dict) -> None:
             except BaseException:  # SystemExit and KeyboardInterrupt included: the cell ended there
                 pass
             _flush_stdio()  # into /dev/null, before the descriptors are restored
+        for timer in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+            signal.setitimer(timer, 0)
+        gc.collect()
+        _flush_stdio()
     finally:
         sys.stdin = stdin
-        if _stdout_raw is not None:
-            _stdout_raw.wrote = False  # what the replay printed does not hide the new cell's value
-        for fd, target in zip(saved, (1, 2)):
-            try:
+        _retired_streams.append((sys.stdout, sys.stderr))
+        try:
+            if os.getpid() != call_pid:  # a process a replayed cell forked, come this far: stays silent
+                raise OSError("not the call's process")
+            containment.unshare(containment.CLONE_FILES)
+            replayed.set()
+            _, fds, _, _ = socket.recv_fds(ours, 1, 2)
+            for fd, target in zip(fds, (1, 2)):
                 os.dup2(fd, target)
                 os.close(fd)
-            except OSError:  # a replayed cell closed it: the new cell's stream stays silent
-                pass
+            ours.close()
+        except OSError:  # a replayed cell broke the hand-back: the new cell's output stays silent
+            pass
+        if os.getpid() == call_pid:
+            keeper.join()
+        _open_stdio()
+    if len(os.listdir("/proc/self/task")) > 1:  # threads of the replayed cells run on
+        sys.stdout, sys.stderr = _CallersOnly(sys.stdout, 1), _CallersOnly(sys.stderr, 2)
 
 
 def run_code(code: str, namespace: dict | None = None) -> int:
@@ -218,12 +294,7 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
         os.environ.update(_CALL_ENV, HOME=scratch, TMPDIR=scratch)
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                      encoding="utf-8", errors="replace")
-        global _stdout_raw
-        _stdout_raw = _TrackingFileIO(1, "w", closefd=False)
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(_stdout_raw), encoding="utf-8",
-                                      errors="backslashreplace")
-        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-                                      encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        _open_stdio()
         _reseed_rngs(program["seed"])
         os.write(3, READY)
         os.close(3)
