@@ -1,7 +1,8 @@
 """The many-token attention behind one function: query chunks (the accelerator path) equal one
 chunk (the CPU path) in values and gradients and never hold a [B, H, T, S] array; row lengths
-(the training path) equal the attention mask of right-padded rows; and, on an NVIDIA GPU only,
-cuDNN's fused kernel equals XLA's attention forward and backward."""
+(the training path) equal the attention mask of right-padded rows; packed rows equal their
+sequences one per row; and, on an NVIDIA GPU only, cuDNN's fused kernel equals XLA's attention
+forward and backward, on right-padded and on packed rows."""
 import dataclasses
 
 import jax
@@ -42,7 +43,7 @@ def test_query_chunks_match_one_chunk_in_values_and_gradients():
 
     def run(chunk):
         def loss(q, k, v):
-            return _weighted_sum(transformer._attention(q, k, v, mask, chunk, HIGHEST), real)
+            return _weighted_sum(transformer._attention(q, k, v, mask, None, chunk, HIGHEST), real)
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     (value, grads), (chunked_value, chunked_grads) = run(t), run(8)
@@ -74,7 +75,7 @@ def test_query_chunks_never_hold_all_scores():
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
 
     def grad_jaxpr(chunk):
-        loss = lambda q, k, v: transformer._attention(q, k, v, mask, chunk, HIGHEST).sum()  # noqa: E731
+        loss = lambda q, k, v: transformer._attention(q, k, v, mask, None, chunk, HIGHEST).sum()  # noqa: E731
         return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
 
     all_scores = b * h * t * t
@@ -107,6 +108,139 @@ def test_row_lengths_equal_the_attention_mask_of_right_padded_rows(model_type):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
     with pytest.raises(ValueError, match="not both"):
         forward(params, config, tokens, mask, lengths=jnp.asarray(lengths))
+
+
+# Two packed rows of 29 tokens: [11, 9, 0 (an unused slot), 5] + a 4-token tail, and [29].
+PACKED = np.array([[11, 9, 0, 5], [29, 0, 0, 0]], np.int32)
+
+
+def _pieces(segment_lengths, t):
+    """(row, start, end) of every sequence of packed rows, the tail after the last one included."""
+    out = []
+    for row, lengths in enumerate(segment_lengths):
+        ends = np.minimum(np.cumsum(lengths), t)
+        starts = np.concatenate([[0], ends])
+        out += [(row, s, e) for s, e in zip(starts, np.append(ends, t)) if e > s]
+    return out
+
+
+def test_packed_segments_positions_restart_at_zero():
+    segments = transformer.packed_segments(jnp.asarray(PACKED), 29)
+    np.testing.assert_array_equal(segments.ids[0], [0] * 11 + [1] * 9 + [3] * 5 + [4] * 4)
+    np.testing.assert_array_equal(
+        segments.positions[0], [*range(11), *range(9), *range(5), *range(4)])
+    np.testing.assert_array_equal(segments.ids[1], [0] * 29)
+    np.testing.assert_array_equal(segments.positions[1], range(29))
+    # cuDNN's packed layout: empty segments last and -1, the tail reaching the even length.
+    lengths, offsets = transformer._cudnn_segments(segments, 30)
+    np.testing.assert_array_equal(lengths, [[11, 9, 5, 5, -1], [29, 1, -1, -1, -1]])
+    np.testing.assert_array_equal(offsets, [[0, 11, 20, 25, -1, -1], [0, 29, -1, -1, -1, -1]])
+
+
+@pytest.mark.parametrize("chunk", [29, 8])  # the CPU path (one chunk) and the accelerator one
+def test_packed_rows_equal_their_sequences_one_per_row(chunk):
+    """Attention over packed rows, values and gradients, equals each sequence's own causal
+    attention."""
+    b, t, h = 2, 29, 4
+    q, k, v = _qkv(b, t, h, 2, 8)
+    segments = transformer.packed_segments(jnp.asarray(PACKED), t)
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    q_side = jnp.stack([segments.ids, index], axis=-1)
+    weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
+
+    def packed(q, k, v):
+        return jnp.sum(transformer._attention(q, k, v, q_side, segments.ids, chunk, HIGHEST) * weights)
+
+    def one_per_row(q, k, v):
+        total = 0.0
+        for row, start, end in _pieces(PACKED, t):
+            out = transformer._attention(q[row:row + 1, start:end], k[row:row + 1, :, start:end],
+                                         v[row:row + 1, :, start:end],
+                                         _causal(end - start), None, end - start, HIGHEST)
+            total += jnp.sum(out * weights[row:row + 1, start:end])
+        return total
+
+    value, grads = jax.value_and_grad(packed, argnums=(0, 1, 2))(q, k, v)
+    ref_value, ref_grads = jax.value_and_grad(one_per_row, argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(value, ref_value, atol=1e-5)  # a sum of ~3,000 terms
+    for name, g, r in zip("qkv", grads, ref_grads):
+        np.testing.assert_allclose(g, r, atol=1e-6, err_msg=name)
+
+
+def test_packed_query_chunks_hold_neither_all_scores_nor_a_full_mask():
+    b, t, h, chunk = 2, 64, 2, 16
+    q, k, v = _qkv(b, t, h, 1, 2)
+    segments = transformer.packed_segments(jnp.array([[20, 30], [64, 0]], jnp.int32), t)
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    q_side = jnp.stack([segments.ids, index], axis=-1)
+    loss = lambda q, k, v: transformer._attention(q, k, v, q_side, segments.ids, chunk, HIGHEST).sum()  # noqa: E731
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
+    assert _largest_array(jaxpr) == b * h * chunk * t < b * t * t  # one chunk's scores
+
+
+def _causal(t):
+    return jnp.tril(jnp.ones((t, t), bool))[None]
+
+
+def _largest_array(jaxpr) -> int:
+    """Elements of the largest value of any dtype that any equation (nested ones too) produces."""
+    largest = 0
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            if hasattr(var.aval, "shape"):
+                largest = max(largest, int(np.prod(var.aval.shape)))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    largest = max(largest, _largest_array(sub))
+    return largest
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_packed_token_logprobs_equal_one_sequence_per_row(model_type):
+    """The model over packed rows (positions restarting at 0, attention within each sequence)
+    gives each sequence's log-probs and their gradients as one right-padded row per sequence."""
+    config, params = tiny_random_model(model_type)
+    rng = np.random.default_rng(7)
+    b, t = PACKED.shape[0], 29
+    tokens = rng.integers(0, config.vocab_size, (b, t)).astype(np.int32)
+    targets = rng.integers(0, config.vocab_size, (b, t)).astype(np.int32)
+    pieces = [p for p in _pieces(PACKED, t) if not (p[0] == 0 and p[1] == 25)]  # not the tail
+    weights = rng.normal(size=(b, t)).astype(np.float32)
+    counted = np.zeros((b, t), bool)
+    for row, start, end in pieces:
+        counted[row, start:end] = True
+
+    def packed(p):
+        logp = token_logprobs(p, config, tokens, targets, segment_lengths=jnp.asarray(PACKED),
+                              chunk_size=8)
+        return jnp.sum(jnp.where(counted, logp * weights, 0.0)), logp
+
+    longest = max(end - start for _, start, end in pieces)
+    rows = np.zeros((len(pieces), longest), np.int32)
+    row_targets, row_weights = np.zeros_like(rows), np.zeros(rows.shape, np.float32)
+    lengths = np.array([end - start for _, start, end in pieces], np.int32)
+    for i, (row, start, end) in enumerate(pieces):
+        rows[i, :end - start] = tokens[row, start:end]
+        row_targets[i, :end - start] = targets[row, start:end]
+        row_weights[i, :end - start] = weights[row, start:end]
+
+    def one_per_row(p):
+        logp = token_logprobs(p, config, rows, row_targets, lengths=jnp.asarray(lengths),
+                              chunk_size=8)
+        real = np.arange(longest)[None] < lengths[:, None]
+        return jnp.sum(jnp.where(real, logp * row_weights, 0.0)), logp
+
+    (value, logp), grads = jax.value_and_grad(packed, has_aux=True)(params)
+    (ref_value, ref_logp), ref_grads = jax.value_and_grad(one_per_row, has_aux=True)(params)
+    assert np.isfinite(logp).all()
+    for i, (row, start, end) in enumerate(pieces):
+        np.testing.assert_allclose(logp[row, start:end], ref_logp[i, :end - start], atol=1e-5)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(ref_grads),
+                            strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
 def _cuda_gpu() -> bool:
@@ -175,3 +309,43 @@ def test_a_bfloat16_training_pass_through_cudnn_matches_the_masked_path():
         assert g.dtype == r.dtype == jnp.float32
         cosine = jnp.sum(g * r) / (jnp.linalg.norm(g) * jnp.linalg.norm(r))
         assert cosine > 0.999, (jax.tree_util.keystr(path), float(cosine))
+
+
+def _hopper() -> bool:
+    return _cuda_gpu() and float(jax.devices()[0].compute_capability) >= 9.0
+
+
+@pytest.mark.skipif(not _hopper(), reason="cuDNN's packed layout needs an NVIDIA GPU, Hopper or later")
+def test_cudnn_packed_rows_match_the_segment_mask_path():
+    """Packed rows in bfloat16 at the training layout (GQA 16/8, head_dim 128, an odd length as
+    a train step's seq - 1 has): `attention` runs cuDNN's packed kernel with no boolean mask,
+    and its output and gradients equal the query-chunked path's under the segment mask."""
+    b, t, h, kv, d = 2, 511, 16, 8, 128
+    q, k, v = _qkv(b, t, h, kv, d, jnp.bfloat16)
+    segments = transformer.packed_segments(jnp.array([[200, 0, 150, 100], [511, 0, 0, 0]], jnp.int32), t)
+    real = jnp.ones((b, t), bool)
+
+    def ours(q, k, v):
+        return transformer.attention(q, k, v, segments=segments)
+
+    def chunked(q, k, v):
+        index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        return transformer._attention(q, k, v, jnp.stack([segments.ids, index], -1), segments.ids,
+                                      128, None)
+
+    grad_fn = jax.jit(jax.grad(lambda *a: _weighted_sum(ours(*a), real), argnums=(0, 1, 2)))
+    hlo = grad_fn.lower(q, k, v).compile().as_text().lower()
+    assert "cudnn" in hlo
+    assert f"pred[{b},{t}" not in hlo and f"pred[{b},{t + 1}" not in hlo  # no boolean [T, T] mask
+
+    def run(fn):
+        return jax.jit(jax.value_and_grad(lambda *a: _weighted_sum(fn(*a), real),
+                                          argnums=(0, 1, 2)))(q, k, v)
+
+    (_, grads), (_, ref_grads) = run(ours), run(chunked)
+    out, ref_out = np.asarray(ours(q, k, v), np.float32), np.asarray(chunked(q, k, v), np.float32)
+    np.testing.assert_allclose(out, ref_out, atol=2e-2)
+    for name, g, r in zip("qkv", grads, ref_grads):
+        g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+        assert np.abs(g - r).max() <= 5e-2 * np.abs(r).max(), name
+        assert np.sum(g * r) / (np.linalg.norm(g) * np.linalg.norm(r)) > 0.999, name

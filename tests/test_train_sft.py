@@ -17,7 +17,11 @@ from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.sft import digit_weights, epoch_order, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.optim import make_optimizer
+from rstar2_jax.train.configs import OptimizerConfig
+from rstar2_jax.train.packing import PackShapes, pack
+from rstar2_jax.train.sft import digit_weights, epoch_order, pack_batch, pad_batch, run_sft, sft_loss
+from rstar2_jax.train.step import init_train_state, make_train_step
 from rstar2_jax.train.sft_data import Conversations
 from sft_setup import conversation, write_sft_setup
 
@@ -77,6 +81,43 @@ def test_digit_weight_weighs_digit_targets_in_the_token_mean(setup):
     assert np.isin(targets[mask], digits).any()
     assert float(count) == pytest.approx(w.sum())
     assert float(loss_sum) == pytest.approx(-(w * logp[mask]).sum(), rel=1e-5)
+
+
+def test_packed_batches_train_as_one_conversation_per_row(setup):
+    """Packed rows (several conversations each) give the padded batch's loss sum, token count
+    and gradients, digits weighted or not, and the same train step over two micro-batches."""
+    d, tokenizer, config = setup
+    examples = [Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[i] for i in range(8)]
+    padded = {k: jnp.asarray(v) for k, v in pad_batch(examples, 512, pad_id=0).items()}
+    packing = pack([len(ids) for ids, _ in examples], PackShapes(512, rungs=1, row_multiple=2))
+    packed = {k: jnp.asarray(v) for k, v in pack_batch(examples, packing, pad_id=0).items()}
+    assert packed["tokens"].shape == (4, 512)  # two conversations of ~220 tokens per row
+    assert max(len(row) for row in packing.rows) > 1
+    params = init_params(config, jax.random.key(1))
+    weights = jnp.asarray(digit_weights(tokenizer, 5.0))
+    for token_weights in (None, weights):
+        def loss(p, batch):
+            return sft_loss(p, batch, model_config=config, token_weights=token_weights)
+
+        (value, (count, _)), grads = jax.value_and_grad(lambda p: (lambda r: (r[0], r[1:]))(loss(p, padded)),
+                                                        has_aux=True)(params)
+        (p_value, (p_count, _)), p_grads = jax.value_and_grad(
+            lambda p: (lambda r: (r[0], r[1:]))(loss(p, packed)), has_aux=True)(params)
+        assert float(p_count) == float(count)
+        np.testing.assert_allclose(p_value, value, rtol=1e-5)
+        for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(p_grads)[0],
+                                jax.tree.leaves(grads), strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+    optimizer = make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0), total_steps=10)
+    step = make_train_step(lambda p, b: sft_loss(p, b, model_config=config), optimizer, micro_batches=2)
+    fresh = lambda: init_train_state(jax.tree.map(jnp.copy, params), optimizer)  # noqa: E731 (donated)
+    state, metrics = step(fresh(), padded)
+    p_state, p_metrics = step(fresh(), packed)
+    for name in ("loss", "tokens", "grad_norm"):
+        np.testing.assert_allclose(p_metrics[name], metrics[name], rtol=1e-5, err_msg=name)
+    for a, b in zip(jax.tree.leaves(p_state.params), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def test_bad_data_is_rejected_with_the_line(setup, tmp_path):

@@ -19,20 +19,21 @@ from rstar2_jax.model.transformer import hidden_states, logits_from_hidden
 @functools.partial(jax.jit, static_argnames=("config", "chunk_size", "return_entropy", "remat"))
 def token_logprobs(params: dict, config: ModelConfig, tokens: jax.Array, targets: jax.Array,
                    attention_mask: jax.Array | None = None, *, lengths: jax.Array | None = None,
-                   chunk_size: int = 256, temperature: float = 1.0, return_entropy: bool = False,
+                   segment_lengths: jax.Array | None = None, chunk_size: int = 256, temperature: float = 1.0, return_entropy: bool = False,
                    remat: bool = False):
     """logp [B, T] float32 with logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]].
 
     tokens, targets int32 [B, T] (targets are usually tokens shifted left by one);
-    attention_mask [B, T] or lengths [B] as in `forward` (the training path passes lengths: its
-    rows are right-padded). Values at pad positions are garbage. The model computes in
+    attention_mask [B, T], lengths [B] or segment_lengths [B, M] as in `forward` (the training
+    path passes lengths for right-padded rows, segment_lengths for packed ones). Values at pad positions are garbage. The model computes in
     `config.dtype`; the logits, log-softmax and log-probs are float32.
     With `return_entropy`, returns (logp, entropy) where entropy [B, T] is the entropy of the
     same tempered distribution, in nats. Differentiable; `remat` as in `forward`.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    hidden = hidden_states(params, config, tokens, attention_mask, lengths=lengths, remat=remat)
+    hidden = hidden_states(params, config, tokens, attention_mask, lengths=lengths,
+                           segment_lengths=segment_lengths, remat=remat)
     batch, seq = tokens.shape
     chunk = min(chunk_size, seq)
     num_chunks = -(-seq // chunk)

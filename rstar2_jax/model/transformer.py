@@ -8,17 +8,20 @@ scores/softmax and logits are float32. Every matmul states its precision (`confi
 Padding: `forward` takes `attention_mask [B, T]` (1 = real token) and gives each real token the
 position `cumsum(mask) - 1`, so left- and right-padded batches both give the same logits at real
 positions as the unpadded rows would; or `lengths [B]` for right-padded rows, which lets
-attention run as a fused causal kernel. Logits at pad positions are garbage (finite, never NaN).
+attention run as a fused causal kernel; or `segment_lengths [B, M]` for packed rows, several
+sequences per row, each attending only to itself with positions from 0 (`Segments`). Logits at
+pad positions are garbage (finite, never NaN).
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.extend
 import jax.numpy as jnp
+from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
 from rstar2_jax.model.config import ModelConfig
 
@@ -30,6 +33,36 @@ _MASKED = float(jnp.finfo(jnp.float32).min)
 # attention output [B, T, H, D] (a KV cache stores the new keys/values and attends over all the
 # keys it holds).
 Attend = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class Segments(NamedTuple):
+    """Packed rows: consecutive segments, each a sequence that attends only to itself
+    (causally) and whose positions start at 0. The tokens after a row's last segment form one
+    more segment (its padding), so every token belongs to one. Built by `packed_segments`.
+
+    ids       int32 [B, T]      segment of each token, 0, 1, ... from the row's start
+    positions int32 [B, T]      token index within its segment
+    bounds    int32 [B, M + 2]  segment m is tokens [bounds[m], bounds[m + 1]); the last one
+                                 is the tail (bounds[M + 1] = T)
+    """
+
+    ids: jax.Array
+    positions: jax.Array
+    bounds: jax.Array
+
+
+def packed_segments(segment_lengths: jax.Array, t: int) -> Segments:
+    """`Segments` of rows of t tokens from `segment_lengths` int32 [B, M]: the lengths of the
+    sequences laid end to end from each row's start (0 for an unused slot); lengths running
+    past t are cut at t (a train step's inputs drop each row's last token)."""
+    batch = segment_lengths.shape[0]
+    ends = jnp.minimum(jnp.cumsum(segment_lengths.astype(jnp.int32), axis=1), t)  # [B, M]
+    bounds = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), ends,
+                              jnp.full((batch, 1), t, jnp.int32)], axis=1)
+    index = jnp.arange(t, dtype=jnp.int32)
+    ids = jnp.sum(index[None, :, None] >= ends[:, None, :], axis=-1, dtype=jnp.int32)
+    positions = index[None] - jnp.take_along_axis(bounds, ids, axis=1)
+    return Segments(ids, positions, bounds)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -51,32 +84,42 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None, *,
-              lengths: jax.Array | None = None, precision: jax.lax.Precision | None = None
-              ) -> jax.Array:
+              lengths: jax.Array | None = None, segments: Segments | None = None,
+              precision: jax.lax.Precision | None = None) -> jax.Array:
     """Grouped-query attention. q [B, T, H, D], k/v [B, K, S, D] -> [B, T, H, D] in q's dtype.
 
     `mask` [B, T, S] bool says which keys each query sees (any pattern: a cache's slots, left
-    padding). Without it the attention is causal self-attention (S = T) over right-padded rows
+    padding). Without it the attention is causal self-attention (S = T): over packed rows if
+    `segments` is given (each segment attends only to itself), else over right-padded rows
     whose first `lengths[b]` tokens are real (default all T); a pad query's output is garbage.
     `precision` is that of the matmuls (see `ModelConfig.precision`).
 
     Which kernel runs (the same result up to rounding; docs/accelerators.md):
-      - causal, bfloat16 or float16, on an NVIDIA GPU: cuDNN's fused flash attention
-        (`jax.nn.dot_product_attention(implementation="cudnn")`, masking by `is_causal` and the
-        sequence lengths, which keeps its backward pass fast);
-      - a decode step (T = 1): `_decode_attention`;
+      - causal, bfloat16 or float16, on an NVIDIA GPU: cuDNN's fused flash attention, masking
+        by its causal mask and the sequence lengths, or, for packed rows on Hopper or later,
+        the segments' offsets and lengths (scoring each segment only against itself); no
+        boolean mask, which would slow its backward pass;
+      - a decode step (T = 1) with a mask: `_decode_attention`;
       - otherwise `_attention`, with a hand-written backward pass; on CPU it scores all queries
         at once (the fastest there), on accelerators a chunk of `_QUERY_CHUNK` queries at a
-        time, so that no [B, H, T, S] array of scores exists.
+        time, so that no [B, H, T, S] array of scores exists. Packed rows are scored whole,
+        under a segment mask built per chunk.
     """
     if mask is None:
-        if _cudnn_supports(q):
-            return _cudnn_causal(q, k, v, lengths)
-        mask = _causal_mask(q.shape[0], q.shape[1], lengths)
+        if _cudnn_supports(q, packed=segments is not None):
+            return _cudnn_causal(q, k, v, lengths, segments)
+        if segments is None:
+            mask = _causal_mask(q.shape[0], q.shape[1], lengths)
+    chunk = q.shape[1] if jax.default_backend() == "cpu" else _QUERY_CHUNK
+    if mask is None:
+        # The query side carries each query's segment and index, the key side each key's
+        # segment: `_visible` builds one chunk's mask from them.
+        index = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), segments.ids.shape)
+        return _attention(q, k, v, jnp.stack([segments.ids, index], axis=-1), segments.ids,
+                          chunk, precision)
     if q.shape[1] == 1:
         return _decode_attention(q, k, v, mask, precision)
-    chunk = q.shape[1] if jax.default_backend() == "cpu" else _QUERY_CHUNK
-    return _attention(q, k, v, mask, chunk, precision)
+    return _attention(q, k, v, mask, None, chunk, precision)
 
 
 # Queries scored at once by `_attention` on accelerators: the scores of one chunk are
@@ -92,32 +135,59 @@ def _causal_mask(batch: int, t: int, lengths: jax.Array | None) -> jax.Array:
     return mask & (jnp.arange(t) < lengths[:, None, None])
 
 
-def _cudnn_supports(q: jax.Array) -> bool:
+def _cudnn_supports(q: jax.Array, packed: bool = False) -> bool:
     """Whether cuDNN's flash attention runs here: an NVIDIA GPU (not ROCm), a 16-bit dtype and
-    a head dim it takes (a multiple of 8, at most 128 on every GPU generation)."""
+    a head dim it takes (a multiple of 8, at most 128 on every GPU generation); packed rows
+    (segment offsets) need compute capability 9.0 (Hopper) or later."""
     d = q.shape[-1]
     if q.dtype not in (jnp.bfloat16, jnp.float16) or d % 8 or d > 128:
         return False
     if jax.default_backend() != "gpu":
         return False
-    return "cuda" in jax.extend.backend.get_backend().platform_version.lower()
+    if "cuda" not in jax.extend.backend.get_backend().platform_version.lower():
+        return False
+    return not packed or float(jax.devices()[0].compute_capability) >= 9.0
 
 
-def _cudnn_causal(q, k, v, lengths):
+def _cudnn_causal(q, k, v, lengths, segments=None):
     """Causal attention by cuDNN; k/v [B, K, S, D] as `attention` takes them (the transposes to
     its [B, S, K, D] cancel against the model's own). The sequence is padded to an even length,
     which JAX's cuDNN training kernels require (a training step's inputs are seq - 1 long);
-    causality keeps the real queries off the padded keys."""
+    causality keeps the real queries off the padded keys (in packed rows, the tail segment
+    takes the padded token in)."""
     t = q.shape[1]
     if t % 2:
         q = jnp.pad(q, [(0, 0), (0, 1), (0, 0), (0, 0)])
         k, v = (jnp.pad(x, [(0, 0), (0, 0), (0, 1), (0, 0)]) for x in (k, v))
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    if segments is not None:
+        seq_lengths, offsets = _cudnn_segments(segments, q.shape[1])
+        # `jax.nn.dot_product_attention` (JAX 0.10.2) takes no segment offsets; the function
+        # it calls for cuDNN does (its packed layout, Hopper or later).
+        out = _cudnn_attention.dot_product_attention(
+            q, k, v, q_seqlen=seq_lengths, kv_seqlen=seq_lengths, q_offsets=offsets,
+            kv_offsets=offsets, scale=q.shape[-1]**-0.5,
+            mask_type=_cudnn_attention.MaskType.PADDING_CAUSAL, qkv_layout="BTNH")
+        return out[:, :t]
     if lengths is not None:
         lengths = jnp.maximum(lengths, 1).astype(jnp.int32)  # an empty row would give NaNs
     out = jax.nn.dot_product_attention(
-        q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), is_causal=True,
-        query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation="cudnn")
+        q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+        implementation="cudnn")
     return out[:, :t]
+
+
+def _cudnn_segments(segments: Segments, t: int) -> tuple[jax.Array, jax.Array]:
+    """cuDNN's packed layout of `segments` over rows of t tokens (the tail segment reaching
+    t): the segments' lengths int32 [B, M + 1] and first tokens [B, M + 2], the empty ones
+    moved to the end and given as -1 (as cuDNN takes them; the last offset is always -1)."""
+    bounds = segments.bounds.at[:, -1].set(t)
+    lengths, starts = bounds[:, 1:] - bounds[:, :-1], bounds[:, :-1]
+    order = jnp.argsort(lengths == 0, axis=1, stable=True)
+    lengths, starts = (jnp.take_along_axis(x, order, axis=1) for x in (lengths, starts))
+    starts = jnp.where(lengths > 0, starts, -1)
+    starts = jnp.concatenate([starts, jnp.full((starts.shape[0], 1), -1, jnp.int32)], axis=1)
+    return jnp.where(lengths > 0, lengths, -1), starts
 
 
 def _decode_attention(q, k, v, mask, precision=None):
@@ -143,6 +213,18 @@ def _ungrouped(x):
     """[B, K, G, T, D] -> [B, T, H, D]."""
     b, kv_heads, group, t, d = x.shape
     return x.transpose(0, 3, 1, 2, 4).reshape(b, t, kv_heads * group, d)
+
+
+def _visible(q_side, k_side):
+    """[B, C, S] bool: which keys each of a chunk's C queries sees. q_side is the chunk's rows
+    of `_attention`'s mask [B, C, S] (k_side None), or of its queries' (segment, index) int32
+    [B, C, 2] with k_side the keys' segments [B, S]: a query sees the keys of its own segment
+    up to itself."""
+    if k_side is None:
+        return q_side
+    keys = jnp.arange(k_side.shape[1], dtype=jnp.int32)
+    return ((q_side[:, :, None, 0] == k_side[:, None, :])
+            & (q_side[:, :, None, 1] >= keys[None, None, :]))
 
 
 def _masked_scores(q, k, mask, precision):
@@ -187,57 +269,61 @@ def _block_bwd(qg, k, v, mask, out, row_max, row_sum, d_out_g, precision):
 
 def _query_chunks(x, axis, chunk):
     """x with its query axis (size T) split into [n, ..., chunk, ...] (n = ceil(T / chunk)),
-    zero/False-padded at the end: a padded query sees no key and gets no gradient."""
+    zero/False-padded at the end: a padded query gets no gradient."""
     pad = -x.shape[axis] % chunk
     x = jnp.pad(x, [(0, pad) if a == axis else (0, 0) for a in range(x.ndim)])
     x = x.reshape(*x.shape[:axis], -1, chunk, *x.shape[axis + 1:])
     return jnp.moveaxis(x, axis, 0)
 
 
-def _attention_fwd(q, k, v, mask, chunk, precision):
-    """Output [B, T, H, D], and the residuals: q, k, v, mask and the float32 output, row max and
-    row sum of `_block_fwd`, [B, K, G, T, ...] for one chunk, [n, B, K, G, chunk, ...] for n."""
+def _attention_fwd(q, k, v, q_side, k_side, chunk, precision):
+    """Output [B, T, H, D], and the residuals: q, k, v, the mask's two sides and the float32
+    output, row max and row sum of `_block_fwd`, [B, K, G, T, ...] for one chunk,
+    [n, B, K, G, chunk, ...] for n."""
     qg = _grouped(q, k.shape[1])
     t = q.shape[1]
     if t <= chunk:
-        out, row_max, row_sum = _block_fwd(qg, k, v, mask, precision)
+        out, row_max, row_sum = _block_fwd(qg, k, v, _visible(q_side, k_side), precision)
         merged = out
     else:
         out, row_max, row_sum = jax.lax.map(
-            lambda a: _block_fwd(a[0], k, v, a[1], precision),
-            (_query_chunks(qg, 3, chunk), _query_chunks(mask, 1, chunk)))
+            lambda a: _block_fwd(a[0], k, v, _visible(a[1], k_side), precision),
+            (_query_chunks(qg, 3, chunk), _query_chunks(q_side, 1, chunk)))
         merged = jnp.moveaxis(out, 0, 3)  # [B, K, G, n, chunk, D]
         merged = merged.reshape(*merged.shape[:3], -1, merged.shape[-1])[:, :, :, :t]
-    return _ungrouped(merged.astype(v.dtype)), (q, k, v, mask, out, row_max, row_sum)
+    return _ungrouped(merged.astype(v.dtype)), (q, k, v, q_side, k_side, out, row_max, row_sum)
 
 
 def _attention_bwd(chunk, precision, res, d_out):
-    q, k, v, mask, out, row_max, row_sum = res
+    q, k, v, q_side, k_side, out, row_max, row_sum = res
     qg, d_out_g = _grouped(q, k.shape[1]), _grouped(d_out, k.shape[1])
     b, t, h, d = q.shape
     if t <= chunk:
-        d_q, d_k, d_v = _block_bwd(qg, k, v, mask, out, row_max, row_sum, d_out_g, precision)
+        d_q, d_k, d_v = _block_bwd(qg, k, v, _visible(q_side, k_side), out, row_max, row_sum,
+                                   d_out_g, precision)
     else:
         def step(carry, a):
-            d_q, d_k, d_v = _block_bwd(a[0], k, v, a[1], *a[2:], precision)
+            d_q, d_k, d_v = _block_bwd(a[0], k, v, _visible(a[1], k_side), *a[2:], precision)
             return (carry[0] + d_k, carry[1] + d_v), d_q
 
         zeros = jnp.zeros(k.shape, jnp.float32)
         (d_k, d_v), d_q = jax.lax.scan(step, (zeros, zeros), (
-            _query_chunks(qg, 3, chunk), _query_chunks(mask, 1, chunk), out, row_max, row_sum,
+            _query_chunks(qg, 3, chunk), _query_chunks(q_side, 1, chunk), out, row_max, row_sum,
             _query_chunks(d_out_g, 3, chunk)))
         d_q = jnp.moveaxis(d_q, 0, 3)
         d_q = d_q.reshape(*d_q.shape[:3], -1, d)[:, :, :, :t]
-    return _ungrouped(d_q).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+    return _ungrouped(d_q).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _attention(q, k, v, mask, chunk, precision):
-    """Many-token attention (q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S]), `chunk` queries
-    at a time. Its backward pass keeps q, k, v, the output and the softmax's row max and sum,
-    and recomputes the probabilities, where autodiff would store two float32 [B, H, T, S] arrays
-    per layer (2.1 GB for 8 layers, 8 heads, 16 x 512 tokens) and transpose them."""
-    return _attention_fwd(q, k, v, mask, chunk, precision)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q, k, v, q_side, k_side, chunk, precision):
+    """Many-token attention (q [B, T, H, D], k/v [B, K, S, D]), `chunk` queries at a time, each
+    chunk's mask built by `_visible` from the mask's query side (chunked with the queries) and
+    key side: a mask [B, T, S] and None, or segments (see `_visible`). Its backward pass keeps
+    q, k, v, the output and the softmax's row max and sum, and recomputes the probabilities,
+    where autodiff would store two float32 [B, H, T, S] arrays per layer (2.1 GB for 8 layers,
+    8 heads, 16 x 512 tokens) and transpose them."""
+    return _attention_fwd(q, k, v, q_side, k_side, chunk, precision)[0]
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -268,14 +354,15 @@ def final_norm(params: dict, config: ModelConfig, x: jax.Array) -> jax.Array:
 
 def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array,
                   mask: jax.Array | None, attend: Attend | None = None, *,
-                  lengths: jax.Array | None = None) -> jax.Array:
+                  lengths: jax.Array | None = None, segments: Segments | None = None
+                  ) -> jax.Array:
     """One pre-norm block, x [B, T, E] -> [B, T, E] in the compute dtype, for one layer's params
     `p` (x and the weights are cast to `config.dtype` here: no-ops when they already are).
 
     positions [B, T] int32. Without `attend` the keys are this call's own tokens: mask [B, T, T]
-    says which keys each query sees, or None for causal self-attention over right-padded rows of
-    `lengths` real tokens (see `attention`). With `attend`, it computes the attention (see
-    `Attend`) and `mask` and `lengths` are not used.
+    says which keys each query sees, or None for causal self-attention over packed rows of
+    `segments` or right-padded rows of `lengths` real tokens (see `attention`). With `attend`,
+    it computes the attention (see `Attend`) and `mask`, `lengths` and `segments` are not used.
     """
     p = jax.tree.map(lambda w: w.astype(config.jnp_dtype), p)
     x = x.astype(config.jnp_dtype)
@@ -291,7 +378,8 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
     k = apply_rope(k, positions, config.rope_theta)
     k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, T, D]
     if attend is None:
-        out = attention(q, k, v, mask, lengths=lengths, precision=config.precision)
+        out = attention(q, k, v, mask, lengths=lengths, segments=segments,
+                        precision=config.precision)
     else:
         out = attend(q, k, v)
     x = x + dense(out, p["o"], n_in=2)
@@ -302,13 +390,15 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                mask: jax.Array | None, remat: bool = False, lengths: jax.Array | None = None
-                ) -> jax.Array:
+                mask: jax.Array | None, remat: bool = False, lengths: jax.Array | None = None,
+                segments: Segments | None = None) -> jax.Array:
     """Embeds tokens [B, T] and runs all layers (a `lax.scan` over the stacked layer weights):
     returns final-normed hidden [B, T, E] in the compute dtype. `mask` [B, T, T] says which
-    tokens each token sees, or None: causal over `lengths` (see `attention`)."""
+    tokens each token sees, or None: causal within `segments` or over `lengths` (see
+    `attention`)."""
     def layer(x, p):
-        return decoder_layer(config, p, x, positions, mask, lengths=lengths), None
+        return decoder_layer(config, p, x, positions, mask, lengths=lengths,
+                             segments=segments), None
 
     # remat: keep only each layer's input for the backward pass and recompute the rest.
     # Otherwise keep the projections' outputs and recompute the elementwise ops between them:
@@ -358,14 +448,18 @@ _logits.defvjp(_logits_fwd, _logits_bwd)
 
 def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array,
                   attention_mask: jax.Array | None = None, *, lengths: jax.Array | None = None,
-                  remat: bool = False) -> jax.Array:
+                  segment_lengths: jax.Array | None = None, remat: bool = False) -> jax.Array:
     """Final-normed hidden states [B, T, E] of a full causal pass (see `forward`)."""
     t = tokens.shape[1]
+    if sum(x is not None for x in (attention_mask, lengths, segment_lengths)) > 1:
+        raise ValueError("give one of attention_mask, lengths and segment_lengths, not both")
+    if segment_lengths is not None:
+        segments = packed_segments(segment_lengths, t)
+        return run_decoder(params, config, tokens, segments.positions, None, remat=remat,
+                           segments=segments)
     if attention_mask is None:
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
         return run_decoder(params, config, tokens, positions, None, remat=remat, lengths=lengths)
-    if lengths is not None:
-        raise ValueError("give attention_mask or lengths, not both")
     real = attention_mask.astype(bool)
     positions = jnp.maximum(jnp.cumsum(real, axis=1) - 1, 0)
     causal = jnp.tril(jnp.ones((t, t), bool))
@@ -376,7 +470,7 @@ def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array,
 @functools.partial(jax.jit, static_argnames=("config", "remat"))
 def forward(params: dict, config: ModelConfig, tokens: jax.Array,
             attention_mask: jax.Array | None = None, *, lengths: jax.Array | None = None,
-            remat: bool = False) -> jax.Array:
+            segment_lengths: jax.Array | None = None, remat: bool = False) -> jax.Array:
     """Full causal forward: tokens int32 [B, T] -> float32 logits [B, T, V].
 
     Padding, either way (default: every token real):
@@ -384,9 +478,14 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
                              cumsum(mask) - 1;
       lengths [B] int32      right-padded rows whose first lengths[b] tokens are real: the
                              fused causal attention kernel where the backend has one (the
-                             training path; `attention`).
+                             right-padded training path; `attention`);
+      segment_lengths [B, M] packed rows: the lengths of the sequences laid end to end from
+                             each row's start (0 for an unused slot); each attends only to
+                             itself, with positions from 0; the tokens after the last are one
+                             more (padding) sequence (`packed_segments`).
     `remat` recomputes each layer in the backward pass instead of storing its activations.
     Computes in `config.dtype` from params of any float dtype (see `ModelConfig`).
     """
     return logits_from_hidden(params, config, hidden_states(
-        params, config, tokens, attention_mask, lengths=lengths, remat=remat))
+        params, config, tokens, attention_mask, lengths=lengths, segment_lengths=segment_lengths,
+        remat=remat))

@@ -144,7 +144,11 @@ class SFTConfig:
 
     The paper's non-reasoning SFT: 3 epochs, lr 5e-6, 4% warmup, cosine decay, batch 128.
     ``batch_size`` and ``micro_batch_size`` count sequences of ``seq_len`` tokens; longer
-    conversations are rejected, not silently truncated. ``digit_loss_weight`` weighs the
+    conversations are rejected, not silently truncated. ``packed`` (default) packs each batch's
+    conversations into rows of at most ``seq_len`` tokens, each attending only to itself
+    (`rstar2_jax.train.packing`): the same loss and gradients as one conversation per row,
+    padded to ``seq_len`` (``packed=false``), for the tokens of the conversations rather than
+    of the padding. ``digit_loss_weight`` weighs the
     target tokens that are digits in the (then weighted) token mean: a small model trained from
     scratch learns to copy numbers far later than everything else (docs/toy.md), and a larger
     weight on digits brings that forward. 1.0 (the paper's plain token mean) by default.
@@ -159,6 +163,7 @@ class SFTConfig:
     epochs: int = 3
     seed: int = 0
     remat: bool = False
+    packed: bool = True
     digit_loss_weight: float = 1.0
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     optimizer: OptimizerConfig = field(

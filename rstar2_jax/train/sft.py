@@ -4,7 +4,9 @@ Data is JSONL, one conversation per line in the standard chat layout, encoded by
 :class:`rstar2_jax.train.sft_data.Conversations` (agent trajectories exactly as the sampler
 builds them, general chat with the tokenizer's chat template); the loss mask is 1 on assistant
 tokens only, so prompts and tool outputs are attended to but never trained on. Batches are
-right-padded to ``seq_len``.
+packed (`pack_batch`: several conversations per row, each attending only to itself, rows from a
+ladder of lengths up to ``seq_len``; ``SFTConfig.packed``) or right-padded to ``seq_len``, one
+conversation per row (`pad_batch`); both give the same loss and gradients.
 
 Across processes, each process encodes and feeds only its rows of each batch
 (`rstar2_jax.sharding.process_rows`); the batch order depends only on the seed and the step.
@@ -16,6 +18,7 @@ weighted by ``token_weights`` when the config gives digits another weight
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Callable, Sequence
 
@@ -26,13 +29,16 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.errors import ConfigError, DataError
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import place_batch, process_rows
+from rstar2_jax.sharding import place_batch, process_fsdp_shards, process_rows
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer
+from rstar2_jax.train.packing import PackShapes, Packing, pack_across_processes
 from rstar2_jax.train.run import start_run
 from rstar2_jax.train.sft_data import Conversations
 from rstar2_jax.train.step import TrainState, make_train_step
+
+log = logging.getLogger(__name__)
 
 
 def pad_batch(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> dict:
@@ -48,6 +54,24 @@ def pad_batch(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad
     return batch
 
 
+def pack_batch(examples: Sequence[tuple[list[int], list[int]]], packing: Packing,
+               pad_id: int) -> dict:
+    """Packed int32 arrays (`rstar2_jax.train.packing`): tokens, loss_mask [rows, row_tokens]
+    and segment_lengths [rows, segments]. The loss mask is 0 on each conversation's first
+    token, which the row's previous token would otherwise predict across the boundary (one per
+    row never predicts it either)."""
+    lengths = [len(ids) for ids, _ in examples]
+    rows = len(packing.rows)
+    batch = {"tokens": np.full((rows, packing.row_tokens), pad_id, np.int32),
+             "loss_mask": np.zeros((rows, packing.row_tokens), np.int32),
+             "segment_lengths": packing.segment_lengths(lengths)}
+    for i, (row, start) in enumerate(packing.places(lengths)):
+        ids, mask = examples[i]
+        batch["tokens"][row, start:start + len(ids)] = ids
+        batch["loss_mask"][row, start + 1:start + len(ids)] = mask[1:]
+    return batch
+
+
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     """The example order of an epoch: a permutation that depends only on (seed, epoch), so a
     resumed run sees exactly the batches the uninterrupted one would have."""
@@ -59,15 +83,18 @@ def sft_loss(params: dict, batch: dict, *, model_config: ModelConfig, remat: boo
     """``(loss_sum, token_count, {})`` of next-token prediction at loss-mask positions.
 
     batch: tokens, attention_mask, loss_mask, each [rows, seq], right-padded (`pad_batch`): the
-    model attends by row lengths (`token_logprobs`' fused path). Position t predicts token t + 1,
-    which counts when loss_mask[t + 1] is 1. ``token_weights`` (float32 [vocab], default all 1)
+    model attends by row lengths (`token_logprobs`' fused path); or tokens, loss_mask [rows,
+    seq] and segment_lengths [rows, segments] of packed rows (`pack_batch`). Position t predicts
+    token t + 1, which counts when loss_mask[t + 1] is 1. ``token_weights`` (float32 [vocab], default all 1)
     weighs each target by its token id; ``token_count`` is then the sum of the weights.
     """
     tokens = batch["tokens"]
     targets = tokens[:, 1:]
-    lengths = jnp.sum(batch["attention_mask"][:, :-1], axis=1, dtype=jnp.int32)
-    logp = token_logprobs(params, model_config, tokens[:, :-1], targets, lengths=lengths,
-                          remat=remat)
+    if "segment_lengths" in batch:
+        layout = {"segment_lengths": batch["segment_lengths"]}
+    else:
+        layout = {"lengths": jnp.sum(batch["attention_mask"][:, :-1], axis=1, dtype=jnp.int32)}
+    logp = token_logprobs(params, model_config, tokens[:, :-1], targets, remat=remat, **layout)
     mask = batch["loss_mask"][:, 1:].astype(bool)
     weight = jnp.ones(targets.shape, jnp.float32) if token_weights is None else token_weights[targets]
     weight = jnp.where(mask, weight, 0.0)
@@ -114,10 +141,13 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
         digit_weights(tokenizer, config.digit_loss_weight))
     loss = functools.partial(sft_loss, model_config=run.compute_config, remat=config.remat,
                              token_weights=weights)
-    train_step = make_train_step(loss, run.optimizer,
-                                 micro_batches=config.batch_size // micro_batch_size,
+    micro_batches = config.batch_size // micro_batch_size
+    train_step = make_train_step(loss, run.optimizer, micro_batches=micro_batches,
                                  mesh=run.mesh, param_specs=run.param_specs, params=run.state.params)
     mine = process_rows(config.batch_size, run.mesh)  # of each global batch
+    shapes = PackShapes(config.seq_len, row_multiple=micro_batches * process_fsdp_shards(run.mesh))
+    if config.packed:
+        log.info("SFT %s", shapes.describe())
     count_tokens = jax.jit(jnp.sum)
     timer = PhaseTimer()
     try:
@@ -126,9 +156,14 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
             with timer("data"):
                 order = epoch_order(len(examples), config.seed, epoch)
                 rows = order[index * config.batch_size:(index + 1) * config.batch_size][mine]
-                batch = place_batch(pad_batch([examples[i] for i in rows], config.seq_len, pad_id),
-                                    run.mesh)
-                real_tokens = int(count_tokens(batch["attention_mask"]))  # of all processes
+                chosen = [examples[i] for i in rows]
+                if config.packed:
+                    packing = pack_across_processes([len(ids) for ids, _ in chosen], shapes)
+                    batch = place_batch(pack_batch(chosen, packing, pad_id), run.mesh)
+                    real_tokens = int(count_tokens(batch["segment_lengths"]))  # of all processes
+                else:
+                    batch = place_batch(pad_batch(chosen, config.seq_len, pad_id), run.mesh)
+                    real_tokens = int(count_tokens(batch["attention_mask"]))
             start = time.perf_counter()
             with timer("update"):
                 state, metrics = train_step(run.state, batch)

@@ -64,9 +64,10 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
                          grad_shardings: Any = None):
     """Gradient of the token mean of ``loss_fn`` over ``batch``, in ``micro_batches`` passes.
 
-    Micro-batch i takes rows i, i + n, i + 2n, ... (n = micro_batches). Striding rather than
-    slicing keeps every micro-batch spread over all data-parallel devices: a contiguous slice of
-    a row-sharded batch would live on only a few of them.
+    Micro-batch i takes rows i, i + n, i + 2n, ... (n = micro_batches) of every batch array.
+    Striding rather than slicing keeps every micro-batch spread over all data-parallel devices:
+    a contiguous slice of a row-sharded batch would live on only a few of them. Arrays may have
+    different row counts (a packed batch's rows and its sequences), each a multiple of n.
 
     ``grad_shardings`` (NamedShardings like the params) pins the float32 gradient accumulator
     to the params' layout; left to itself the compiler may replicate it on every device.
@@ -75,14 +76,12 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
       (mean_grads float32 like params, loss_sum [], token_count [], metric_sums dict of []).
     """
     rows = {x.shape[0] for x in jax.tree.leaves(batch)}
-    if len(rows) != 1:
-        raise ValueError(f"batch arrays disagree on the number of rows: {sorted(rows)}")
-    num_rows = rows.pop()
-    if num_rows % micro_batches:
-        raise ValueError(f"batch of {num_rows} rows does not split into {micro_batches} micro-batches")
+    if any(n % micro_batches for n in rows):
+        raise ValueError(f"batch of {sorted(rows)} rows does not split into {micro_batches} "
+                         "micro-batches")
 
     def split(x):
-        x = x.reshape(num_rows // micro_batches, micro_batches, *x.shape[1:])
+        x = x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:])
         return jnp.swapaxes(x, 0, 1)
 
     def sum_loss(p, mb):

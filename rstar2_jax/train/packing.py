@@ -1,0 +1,187 @@
+"""Packing sequences into training rows: several whole sequences per row, up to a token budget.
+
+A packed batch is `[rows, row_tokens]` with each row's sequences laid end to end from its start
+and the rest of the row padding; `segment_lengths` `[rows, segments]` (0 for an unused slot)
+tells the model where they are (`rstar2_jax.model.transformer.packed_segments`: each sequence
+attends only to itself, its positions start at 0). No sequence is split across rows.
+
+The shapes come from a set fixed before the run (`PackShapes`), so the update compiles once per
+shape it meets: the row length from a ladder of budgets up to the longest sequence allowed, the
+row count a multiple of the row multiple, the segment slots a power of two. Of the shapes that
+hold a batch, the packer takes the fewest tokens (first-fit decreasing for each row length).
+
+Groups: sequence i goes to group i % groups and every row holds sequences of one group; row r is
+group r % groups's. A train step that takes rows j, j + n, ... as its mini- or micro-batch
+(n dividing ``groups``) then trains on the same sequences as with one sequence per row.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from rstar2_jax import hosts
+
+# Row lengths below the longest are multiples of this many tokens (matmul tiles).
+_ROW_TOKEN_MULTIPLE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class PackShapes:
+    """The shapes a run's packed batches take.
+
+    max_tokens: the longest sequence allowed (a longer one is an error, before any work).
+    rungs: row lengths are max_tokens * k / rungs for k = 1..rungs, rounded up to a multiple
+      of 128 tokens: a batch of short sequences gets short rows.
+    row_multiple: rows per group are a multiple of this (data-parallel devices).
+    """
+
+    max_tokens: int
+    rungs: int = 8
+    row_multiple: int = 1
+
+    def __post_init__(self):
+        if self.max_tokens < 1 or self.rungs < 1 or self.row_multiple < 1:
+            raise ValueError(f"PackShapes needs positive sizes, got {self}")
+
+    def row_lengths(self) -> tuple[int, ...]:
+        """The ladder of row lengths, shortest first (the longest is max_tokens)."""
+        lengths = {-(-self.max_tokens * k // self.rungs) for k in range(1, self.rungs + 1)}
+        return tuple(sorted({min(-(-n // _ROW_TOKEN_MULTIPLE) * _ROW_TOKEN_MULTIPLE, self.max_tokens)
+                             for n in lengths}))
+
+    def describe(self, groups: int = 1) -> str:
+        """One line for the run's log: the shapes a packed batch can take."""
+        return (f"packed rows: a multiple of {self.row_multiple * groups} rows x one of "
+                f"{list(self.row_lengths())} tokens, segment slots a power of two")
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Where each sequence goes: ``rows[r]`` lists the sequences of row r in order (indices
+    into the packed lengths); a row may be empty (all padding). ``row_tokens`` is the row
+    length, ``segments`` the segment slots per row (a power of two, at least the most
+    sequences in a row)."""
+
+    rows: tuple[tuple[int, ...], ...]
+    row_tokens: int
+    segments: int
+
+    def segment_lengths(self, lengths: Sequence[int]) -> np.ndarray:
+        """int32 `[rows, segments]`: the lengths of each row's sequences, 0-filled."""
+        out = np.zeros((len(self.rows), self.segments), np.int32)
+        for r, row in enumerate(self.rows):
+            out[r, :len(row)] = [lengths[i] for i in row]
+        return out
+
+    def places(self, lengths: Sequence[int]) -> np.ndarray:
+        """int64 `[sequences, 2]`: (row, first token) of each sequence; (-1, -1) for a sequence
+        left out (length 0)."""
+        out = np.full((len(lengths), 2), -1, np.int64)
+        for r, row in enumerate(self.rows):
+            start = 0
+            for i in row:
+                out[i] = (r, start)
+                start += lengths[i]
+        return out
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins (lists of indices into ``lengths``, longest first) of at most ``capacity`` tokens:
+    each sequence, longest first, goes to the first bin with room. Empty sequences are left
+    out."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        if n == 0:
+            continue
+        if n > capacity:
+            raise ValueError(f"a sequence of {n} tokens does not fit a row of {capacity}")
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - n)
+    return bins
+
+
+def pack_across_processes(lengths: Sequence[int], shapes: PackShapes, groups: int = 1) -> Packing:
+    """`pack` of this process's sequences, in the shape every process's packing takes (the
+    longest row length, then the most rows and segment slots of all processes: a global batch
+    has one shape); `pack` itself on one process."""
+    packing = pack(lengths, shapes, groups)
+    if jax.process_count() == 1:
+        return packing
+    row_tokens = int(hosts.gather(np.array([packing.row_tokens])).max())
+    packing = pack(lengths, shapes, groups, row_tokens=row_tokens)
+    rows, segments = hosts.gather(np.array([[len(packing.rows), packing.segments]])).max(axis=0)
+    return Packing(packing.rows + ((),) * (int(rows) - len(packing.rows)), row_tokens, int(segments))
+
+
+def pack(lengths: Sequence[int], shapes: PackShapes, groups: int = 1, *,
+         row_tokens: int | None = None) -> Packing:
+    """The packing of sequences of ``lengths`` tokens (0: left out of the rows) that computes
+    the fewest tokens among ``shapes`` (rows of ``row_tokens`` if given), sequence i in group
+    i % ``groups`` (module docstring). Raises ValueError for a sequence longer than
+    ``shapes.max_tokens``."""
+    lengths = [int(n) for n in lengths]
+    longest = max(lengths, default=0)
+    if longest > shapes.max_tokens:
+        raise ValueError(f"a sequence has {longest} tokens, more than the {shapes.max_tokens} a "
+                         "packed row may hold")
+    members = [list(range(g, len(lengths), groups)) for g in range(groups)]
+    best = None
+    ladder = shapes.row_lengths() if row_tokens is None else (row_tokens,)
+    for row_tokens in ladder:
+        if row_tokens < longest:
+            continue
+        bins = [[[members[g][i] for i in b]
+                 for b in first_fit_decreasing([lengths[i] for i in members[g]], row_tokens)]
+                for g in range(groups)]
+        per_group = max(1, max(len(b) for b in bins))
+        per_group = -(-per_group // shapes.row_multiple) * shapes.row_multiple
+        if best is None or per_group * row_tokens < best[0] * best[1]:
+            best = (per_group, row_tokens, bins)
+    if best is None:
+        raise ValueError(f"a sequence of {longest} tokens does not fit a row of {ladder[-1]}")
+    per_group, row_tokens, bins = best
+    rows = [()] * (per_group * groups)
+    for g, group_bins in enumerate(bins):
+        for local, b in enumerate(group_bins):
+            rows[local * groups + g] = tuple(b)
+    most = max(len(row) for row in rows)
+    return Packing(tuple(rows), row_tokens, 1 << max(most - 1, 0).bit_length())
+
+
+def pack_tokens(tokens: np.ndarray, lengths: Sequence[int], packing: Packing, pad_id: int) -> np.ndarray:
+    """int32 `[rows, row_tokens]`: the first ``lengths[i]`` tokens of each row i of ``tokens``
+    `[sequences, seq]` where ``packing`` places them, ``pad_id`` elsewhere."""
+    out = np.full((len(packing.rows), packing.row_tokens), pad_id, np.int32)
+    for i, (row, start) in enumerate(packing.places(lengths)):
+        if row >= 0:
+            out[row, start:start + lengths[i]] = tokens[i, :lengths[i]]
+    return out
+
+
+def gather_index(packing: Packing, lengths: Sequence[int], seq: int, groups: int,
+                 first_row: int = 0) -> np.ndarray:
+    """int32 `[sequences, seq - 1]`: where the train step finds sequence i's per-target values
+    (position t predicting token t + 1) among its micro-batch's packed ones `[rows, row_tokens
+    - 1]` flattened. The step's micro-batch (or mini-batch, or row chunk) takes every
+    ``groups``-th row, so row r is its micro-batch's row ``first_row + r // groups``
+    (``first_row``: this process's first, when several feed one batch). Positions past a
+    sequence's end, and sequences left out, point at 0: their values are garbage, masked as one
+    sequence per row masks them."""
+    width = packing.row_tokens - 1
+    out = np.zeros((len(lengths), seq - 1), np.int32)
+    for i, (row, start) in enumerate(packing.places(lengths)):
+        if row >= 0:
+            n = lengths[i] - 1
+            out[i, :n] = (first_row + row // groups) * width + start + np.arange(n)
+    return out
