@@ -135,7 +135,8 @@ class DemoConfig:
     @classmethod
     def tiny(cls, out: str = "runs/demo_tiny") -> DemoConfig:
         """The smallest run that learns (``python -m rstar2_jax demo --tiny``): every phase in
-        about a minute on 2 cores, and every RL step keeps groups and updates the policy.
+        about a minute on 2 cores, and its RL steps keep groups and update the policy (seed 0:
+        2, 6, 3 and 6 groups of 8; another seed may keep fewer, and a step none).
 
         One problem kind, divisor counts, whose answers are mostly 4, 8, 12 or 16: a policy that
         has learnt the answer format after ~100 SFT steps already guesses right on about one
