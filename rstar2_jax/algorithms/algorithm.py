@@ -22,6 +22,22 @@ micro-batch of the update; nothing else about the algorithm is written in the tr
    (minima; `rstar2_jax.train.step.metric_reduction`). It
    must be jit-able and differentiable in ``logp``.
 
+   A loss that needs more per-token inputs declares them as parameters by name, and the trainer
+   passes them as keyword arguments (`LOSS_INPUTS`); a loss that declares none is called with
+   the four above, as always:
+
+   - ``entropy`` ``[rows, seq]`` float32: the entropy (nats) of the policy's tempered
+     next-token distribution at each position, from the same forward as ``logp`` and
+     differentiable like it (an entropy bonus subtracts it).
+   - ``ref_logp`` ``[rows, seq]`` float32: the log-probs of the same tokens under the reference
+     policy (the stage's initial weights, frozen; a constant). Only a run with
+     ``rl.reference=true`` has one; another run refuses the loss before it starts.
+
+   Like ``logp`` they hold garbage where ``mask`` is False.
+
+The entropy bonus and the KL penalty to the reference are also options of any algorithm
+(``rl.entropy_coef``, ``rl.kl_coef``: `rstar2_jax.algorithms.regularizers`).
+
 A new estimator is one pure function passed by value, e.g.
 ``dataclasses.replace(GRPO_ROC, advantages=my_advantages)``; `rstar2_jax.algorithms.variants`
 holds the named ones a config can pick (``rl.algorithm``).
@@ -29,6 +45,7 @@ holds the named ones a config can pick (``rl.algorithm``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable, NamedTuple
 
 import jax
@@ -104,8 +121,10 @@ class Selection(NamedTuple):
 
 SelectFn = Callable[[jax.Array, Rollouts, int], Selection]
 AdvantageFn = Callable[[Rollouts], jax.Array]
-LossFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array],
-                  tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+LossFn = Callable[..., tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+
+# The per-token inputs a loss may declare beyond (logp, old_logp, advantages, mask).
+LOSS_INPUTS = ("entropy", "ref_logp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +134,16 @@ class Algorithm:
     select: SelectFn
     advantages: AdvantageFn
     loss: LossFn
+
+
+def loss_inputs(loss: LossFn) -> tuple[str, ...]:
+    """The names of `LOSS_INPUTS` that ``loss`` declares as parameters (through a
+    ``functools.partial`` too), in `LOSS_INPUTS` order."""
+    try:
+        parameters = inspect.signature(loss).parameters
+    except (TypeError, ValueError):  # a callable without a signature takes the four only
+        return ()
+    return tuple(name for name in LOSS_INPUTS if name in parameters)
 
 
 def group_index(questions: np.ndarray, local: np.ndarray, n: int) -> np.ndarray:

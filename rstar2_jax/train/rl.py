@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -36,11 +37,13 @@ from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
 from rstar2_jax.hosts import gather, serving_params, share as host_share
+from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams
 from rstar2_jax.sampler.engine import bucket
 from rstar2_jax.tokenizer import open_tokenizer
+from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import (
     check_algorithm,
@@ -50,8 +53,8 @@ from rstar2_jax.train.rl_data import (
     rollout_metrics,
     select_rollouts,
 )
-from rstar2_jax.train.rl_update import RLUpdate
-from rstar2_jax.train.run import start_run
+from rstar2_jax.train.rl_update import RLUpdate, train_loss
+from rstar2_jax.train.run import Run, start_run
 from rstar2_jax.train.step import TrainState
 
 log = logging.getLogger(__name__)
@@ -162,6 +165,31 @@ def _set_step(old: jax.Array, new: int) -> jax.Array:
     return jnp.full_like(old, new)
 
 
+def reference_params(config: RLJobConfig, run: Run):
+    """The reference policy of ``rl.reference``: the stage's initial weights, as a copy in the
+    compute dtype laid out like the params (the forward casts weights to that dtype anyway, so
+    the copy gives the same log-probs as the weights it was taken from). At the stage's first
+    step they are the run's params; a resumed run reads them again where the stage started
+    from (the newest checkpoint of ``stage.init_from``, else ``model.path``)."""
+    params = run.state.params
+    if run.step != run.start_step:  # resumed: the params have moved
+        if config.stage.init_from is not None:
+            previous = Checkpointer(Path(config.stage.init_from) / "checkpoints")
+            restored = previous.restore_latest(run.state, params_only=True)
+            previous.close()
+            if restored is None:
+                raise FileNotFoundError(f"stage.init_from={config.stage.init_from!r} has no "
+                                        "readable checkpoint to read the reference policy from")
+            params = restored.state.params
+        else:
+            _, params = load_hf(config.model.path, dtype=config.precision.params)
+    dtype = run.compute_config.jnp_dtype
+    shardings = jax.tree.map(lambda x: x.sharding, run.state.params)
+    # A copy even in the same dtype: the train step donates (frees) the params it is given.
+    return jax.jit(lambda p: jax.tree.map(lambda x: jnp.copy(x.astype(dtype)), p),
+                   out_shardings=shardings)(params)
+
+
 def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
            runtime: RolloutRuntime | None = None,
            on_step: Callable[[int, dict], None] | None = None, progress: bool = True) -> TrainState:
@@ -178,7 +206,9 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
                           f"evenly over the run's {jax.process_count()} processes")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
-    check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size,
+    # The loss as the update will train with it: with the run's entropy bonus and KL penalty.
+    check_algorithm(dataclasses.replace(algorithm, loss=train_loss(algorithm.loss, config.rl)),
+                    config.rl.rollouts_per_question, config.rl.group_size,
                     token_advantages=config.rl.rollout_correction.weights != "none")
     if runtime is None:
         with RolloutRuntime(config.rollout) as runtime:
@@ -208,7 +238,8 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                                     SamplingParams(temperature=config.rl.temperature), fmt),
             update=RLUpdate(run.compute_config, config.rl, run.optimizer, mesh=run.mesh,
                             param_specs=run.param_specs, params=run.state.params,
-                            loss=algorithm.loss),
+                            loss=algorithm.loss,
+                            reference=reference_params(config, run) if config.rl.reference else None),
             pad_id=tokenizer.pad_token_id or 0)
         for step in range(run.step, run.end_step):
             state, metrics = loop.step(run.state, step, run.rng)

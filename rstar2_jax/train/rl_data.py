@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
-from rstar2_jax.algorithms import Algorithm, Rollouts, paper_penalty_terms
+from rstar2_jax.algorithms import Algorithm, Rollouts, loss_inputs, paper_penalty_terms
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler import Trajectory
 from rstar2_jax.sampler.engine import bucket
@@ -101,8 +101,9 @@ def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
 def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int, *,
                     token_advantages: bool = False) -> None:
     """Runs the algorithm's three functions on a tiny made-up step (two questions, one with
-    mixed rewards; one row of loss tokens) so that a mistake in them, or a selection that
-    cannot work with these sizes, fails before the first rollout. With ``token_advantages``
+    mixed rewards; one row of loss tokens; made-up values of the per-token inputs the loss
+    declares) so that a mistake in them, or a selection that cannot work with these sizes,
+    fails before the first rollout. With ``token_advantages``
     (a rollout correction with importance weights) the loss is also given `[rows, seq]`
     advantages, as the update will, and must return what it returns for the same values as
     `[rows]`. Raises ConfigError for sizes the selection cannot work with or a loss that does
@@ -119,7 +120,9 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     logp = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]])
     mask = jnp.array([[1, 1, 0], [0, 0, 0]], bool)
     advantages = jnp.array([1.0, -1.0])
-    out = algorithm.loss(logp, logp, advantages, mask)
+    made_up = {"entropy": jnp.full(logp.shape, 0.7), "ref_logp": logp - 0.1}
+    inputs = {name: made_up[name] for name in loss_inputs(algorithm.loss)}
+    out = algorithm.loss(logp, logp, advantages, mask, **inputs)
     if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], dict)
             and jnp.ndim(out[0]) == 0 and jnp.ndim(out[1]) == 0):
         raise ValueError("the algorithm's loss must return (loss_sum, count, metric_sums): two "
@@ -127,7 +130,8 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     if token_advantages:
         # The same advantages repeated on every token must give the same loss.
         try:
-            per_token = algorithm.loss(logp, logp, jnp.broadcast_to(advantages[:, None], logp.shape), mask)
+            per_token = algorithm.loss(logp, logp, jnp.broadcast_to(advantages[:, None], logp.shape),
+                                       mask, **inputs)
             same = bool(jnp.allclose(per_token[0], out[0], rtol=1e-5)) and int(per_token[1]) == int(out[1])
         except Exception as e:  # a loss that refuses them, whatever it raises
             same, why = False, f" ({type(e).__name__}: {e})"
