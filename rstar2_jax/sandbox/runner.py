@@ -151,7 +151,8 @@ def replay_cells(cells: list[list[str]], namespace: dict) -> None:
 
     What the cells leave behind stays silent in the new cell: the call's descriptors 1 and 2
     are not in the process while the cells run (they wait in a message queued on a socket,
-    whose peer is closed, so no descriptor a cell writes to leads to them); the main thread
+    whose peer is closed, so no descriptor a cell writes to leads to them; only a cell that
+    receives that message itself could take them, and only into its own session); the main thread
     takes them back into a descriptor table of its own, so threads the cells started keep
     ``/dev/null``, and their Python-level writes are dropped; interval timers are disarmed;
     their garbage is never collected, so its finalizers never run."""
