@@ -236,6 +236,7 @@ def test_the_calls_of_a_pool_together_stay_under_its_memory_bound():
     mib = 1 << 20
     with SandboxPool(num_workers=1, slots_per_worker=2, timeout_s=PATIENT_TIMEOUT_S, memory_bytes=400 * mib,
                      pool_memory_bytes=500 * mib) as pool:
+        assert pool.health()["memory_limit"].startswith("cgroup"), "this machine grants memory cgroups; see docs/sandbox.md"
         holder = pool.submit("import time\nx = b'x' * (300 << 20)\ntime.sleep(100)")
         uids = pool.health()["slot_uids"]
         give_up = time.monotonic() + 120  # a guard against a hang, not a measurement
