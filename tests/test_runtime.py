@@ -69,3 +69,13 @@ def test_a_job_config_sets_the_sandbox_limits():
         load_config(RolloutSettings, overrides=["tool_limits.max_open_files=8"])
     with pytest.raises(ConfigError, match="rollout.tool_limits: memory_bytes must be a positive integer"):
         load_config(RolloutSettings, overrides=["tool_limits.memory_bytes=0"])
+
+
+def test_a_job_config_sets_the_pool_memory_bound():
+    settings = load_config(RolloutSettings, overrides=[
+        "sandbox_workers=2", f"tool_limits.pool_memory_bytes={2 * 2**30}"])
+    with RolloutRuntime(settings) as runtime:
+        assert runtime.sandbox.config.pool_memory_bytes == 2 * 2**30
+    # Two templates cannot each hold one call of 1 GiB (the default memory_bytes) in 1 GiB.
+    with pytest.raises(ConfigError, match="rollout.tool_limits: pool_memory_bytes .* must leave each of the 2 templates"):
+        load_config(RolloutSettings, overrides=["sandbox_workers=2", f"tool_limits.pool_memory_bytes={2**30}"])

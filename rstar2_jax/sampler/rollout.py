@@ -43,6 +43,7 @@ from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, pla
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sandbox import SandboxConfig, Session, render_result
+from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,11 @@ def _check(condition: bool, message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ToolLimits:
-    """Per-call limits of the tool sandbox other than the timeout (``rollout.tool_limits``);
-    each is `rstar2_jax.sandbox.SandboxConfig`'s field of the same name and, when None, takes
-    its default there (docs/sandbox.md): cpu_s (seconds), memory_bytes, max_processes,
-    max_file_bytes, max_open_files, output_limit_bytes, scratch_bytes."""
+    """Limits of the tool sandbox other than the timeout (``rollout.tool_limits``); each is
+    `rstar2_jax.sandbox.SandboxConfig`'s field of the same name and, when None, takes its
+    default there (docs/sandbox.md). Per call: cpu_s (seconds), memory_bytes, max_processes,
+    max_file_bytes, max_open_files, output_limit_bytes, scratch_bytes; for all the pool's calls
+    together: pool_memory_bytes (default half the host's memory)."""
 
     cpu_s: int | None = None
     memory_bytes: int | None = None
@@ -66,6 +68,7 @@ class ToolLimits:
     max_open_files: int | None = None
     output_limit_bytes: int | None = None
     scratch_bytes: int | None = None
+    pool_memory_bytes: int | None = None
 
     def given(self) -> dict[str, int]:
         """The limits set, by name: keyword arguments of `SandboxPool` / `SandboxConfig`."""
@@ -132,7 +135,8 @@ class RolloutSettings:
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
         try:
-            SandboxConfig(timeout_s=self.tool_timeout_s, **self.tool_limits.given())
+            sandbox = SandboxConfig(timeout_s=self.tool_timeout_s, **self.tool_limits.given())
+            pool_memory_bytes(sandbox, self.sandbox_workers or default_num_workers())
         except ValueError as e:
             raise ValueError(f"rollout.tool_limits: {e}") from None
         _check(self.verifier_workers >= 1,
