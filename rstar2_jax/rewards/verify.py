@@ -9,7 +9,8 @@ each step: no tolerance ever accepts what is not proven equal.
    `\\frac{1}{3} \\approx 0.333`, `\\approx 3.14`) -> equal only if each value is (math-verify
    reads the last one only), unless the reference itself is an equation (`3x + 2y = 12`);
 3. a reference giving values to different names (`a=2, b=3`) -> compared name by name, or in
-   its order if the answer gives bare values (math-verify would accept `3, 2`);
+   its order if the answer gives bare values (math-verify would accept `3, 2`); a set names
+   nothing;
 4. both sides exact closed-form numbers (`exact.py`) -> exact comparison decides, both ways.
    math-verify rounds to 6 decimals, so it calls 1/2004! and 1/2006! equal. A number too large
    to evaluate (more than 200,000 bits) is not read: not equal;
@@ -21,7 +22,11 @@ each step: no tolerance ever accepts what is not proven equal.
    `\\boxed{}` as rStar2 does, on the `tidy` text of both (at most `MAX_ANSWER_CHARS` each).
    Every decimal it reads is taken as the exact rational it spells (it would round it: a
    policy could box `3.1415934\\ldots` for pi), and if both parses are then numbers they are
-   compared exactly.
+   compared exactly. Each box is read whole as LaTeX (math-verify would pick the last number
+   out of a box it cannot read: `6 \\Rightarrow 5`), its numeric step proves numbers equal
+   instead of chopping their difference below 1e-15 (`2x + 1.4142135623730951` for
+   `2x + \\sqrt{2}`, in tuples and intervals too), and its symbolic step runs only where
+   evaluation cannot tell the sides apart (`differ_numerically`).
 
 Several boxes in one final answer (`answer_matches`) are one answer only where that cannot buy
 reward for hedging: they match when every box states the reference, or when the reference has
