@@ -141,8 +141,8 @@ class RolloutSettings:
             raise ValueError(f"rollout.tool_limits: {e}") from None
         _check(self.verifier_workers >= 1,
                f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
-        _check(self.verifier_timeout_s > 0,
-               f"rollout.verifier_timeout_s must be > 0, got {self.verifier_timeout_s}")
+        _check(0 < self.verifier_timeout_s < float("inf"),
+               f"rollout.verifier_timeout_s must be finite and > 0, got {self.verifier_timeout_s}")
         _check(self.serving_dtype in ("auto", "float32", "bfloat16"),
                f"rollout.serving_dtype must be auto, float32 or bfloat16, got {self.serving_dtype!r}")
         _check(self.memory_budget_gib is None or self.memory_budget_gib > 0,
