@@ -327,3 +327,14 @@ def test_exponentials_and_roots_that_are_equal_stay_equal(answer, gold):
 def test_score_of_anything_but_text_is_zero(response, gold):
     """`score(None, "5")` raised, though `score` is documented never to."""
     assert score(response, gold) == 0.0
+
+
+def test_math_verify_keeps_its_own_semantics_outside_the_verifier():
+    # The strict comparison steps are ours, not every caller's: a user of math-verify in the
+    # same process keeps its numeric tolerance, before and after a verification of ours.
+    import math_verify
+
+    gold, pred = math_verify.parse("$2x + \\sqrt{2}$"), math_verify.parse("$2x + 1.4142135623730951$")
+    assert math_verify.verify(gold, pred)
+    assert not is_equivalent("2x + 1.4142135623730951", "2x + \\sqrt{2}")
+    assert math_verify.verify(gold, pred)

@@ -40,8 +40,10 @@ in-process can interrupt: the trainer scores through `VerifierPool`, which kills
 from outside.
 """
 
+import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 
 import math_verify
@@ -103,7 +105,7 @@ def _is_exact_number(value: object) -> bool:
 
 def _numbers_proven_equal(a: object, b: object, float_rounding: int, numeric_precision: int) -> bool:
     """math-verify's numeric step (`grader.sympy_numeric_eq`, same signature) without its
-    tolerance, installed in its place below.
+    tolerance, put in its place during our own comparisons (`_strict_steps`).
 
     math-verify took two expressions as equal when their difference evaluated to 0 once values
     below 10^-15 were chopped, wherever they stood: `2x + 1.4142135623730951` for
@@ -135,9 +137,24 @@ def _proven_equal(a: object, b: object) -> bool:
 
 
 # math-verify calls its two steps by these module-level names from every comparison (scalars,
-# tuples, sets, intervals, relations); replaced once, for every caller in the process.
-math_verify.grader.sympy_numeric_eq = _numbers_proven_equal
-math_verify.grader.sympy_symbolic_eq = _proven_equal
+# tuples, sets, intervals, relations), and offers no hook for them. They are swapped in only for
+# the duration of our own `verify` call, under a lock, so that another user of math-verify in the
+# same process (any thread) keeps its own semantics.
+_STRICT_STEPS = {"sympy_numeric_eq": _numbers_proven_equal, "sympy_symbolic_eq": _proven_equal}
+_STRICT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _strict_steps():
+    with _STRICT_LOCK:
+        saved = {name: getattr(math_verify.grader, name) for name in _STRICT_STEPS}
+        for name, step in _STRICT_STEPS.items():
+            setattr(math_verify.grader, name, step)
+        try:
+            yield
+        finally:
+            for name, step in saved.items():
+                setattr(math_verify.grader, name, step)
 
 
 def _decimals_as_rationals(value: object) -> object:
@@ -166,7 +183,8 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     pred_parsed = [_decimals_as_rationals(value) for value in pred_parsed]
     if _is_exact_number(gold_parsed[0]) and _is_exact_number(pred_parsed[0]):
         return same_value(gold_parsed[0], pred_parsed[0])
-    return math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=False)
+    with _strict_steps():
+        return math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=False)
 
 
 def _is_equation(answer: str) -> bool:
