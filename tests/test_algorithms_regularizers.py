@@ -85,14 +85,18 @@ REFS = jnp.array([[-2.0, -1.0, -5.0], [-0.5, -5.0, -5.0], [-5.0, -5.0, -5.0]])
 K3 = [np.exp(-1.0), np.e - 2]  # of row 0's tokens; row 1's is 0
 
 
-@pytest.mark.parametrize("mode, count, entropy_sum, kl_sum", [
-    ("token-mean", 3, 1 + 2 + 4, K3[0] + K3[1]),
-    ("seq-mean-token-mean", 2, (1 + 2) / 2 + 4, (K3[0] + K3[1]) / 2),
-    ("seq-mean-token-sum", 2, 1 + 2 + 4, K3[0] + K3[1]),
-    ("seq-mean-token-sum-norm", 2, (1 + 2 + 4) / 3, (K3[0] + K3[1]) / 3),  # L: the 3 columns
-])
-def test_terms_are_aggregated_as_the_loss_is(mode, count, entropy_sum, kl_sum):
-    loss = functools.partial(policy_loss, loss_agg_mode=mode)
+# The terms' closed forms by aggregation mode: (count, entropy sum, k3 sum); L = the 3 columns.
+BY_MODE = {"token-mean": (3, 1 + 2 + 4, K3[0] + K3[1]),
+           "seq-mean-token-mean": (2, (1 + 2) / 2 + 4, (K3[0] + K3[1]) / 2),
+           "seq-mean-token-sum": (2, 1 + 2 + 4, K3[0] + K3[1]),
+           "seq-mean-token-sum-norm": (2, (1 + 2 + 4) / 3, (K3[0] + K3[1]) / 3)}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))  # every aggregation mode among them
+def test_every_named_algorithm_takes_both_terms_aggregated_as_its_loss_is(name):
+    loss = ALGORITHMS[name].loss
+    mode, _ = loss_aggregation(loss)
+    count, entropy_sum, kl_sum = BY_MODE[mode]
     advantages = jnp.array([1.0, -1.0, 0.0])
     base, base_count, base_metrics = loss(LOGPROBS, LOGPROBS, advantages, MASK)
     wrapped = regularized(loss, entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3")
