@@ -39,7 +39,7 @@ class PromptFeeder:
                  claim: Callable[[], int | None] | None = None):
         self.engine, self.prompts, self.samples, self.budgets = engine, prompts, samples, budgets
         self.keys = sequence_keys(seed, len(prompts) * samples, first_sequence)
-        self.claim = claim if claim is not None else _in_order(len(prompts))
+        self.claim = claim if claim is not None else in_order(len(prompts))
         self.queue: collections.deque[tuple[int, int]] = collections.deque()
         self.unstarted: collections.Counter[int] = collections.Counter()
         self.staged: dict[int, StagedPrompt] = {}
@@ -112,7 +112,7 @@ class PromptFeeder:
         return starting
 
 
-def _in_order(count: int) -> Callable[[], int | None]:
+def in_order(count: int) -> Callable[[], int | None]:
     """Claims 0, 1, ..., count - 1, then None."""
     indices: Iterator[int] = iter(range(count))
     return lambda: next(indices, None)

@@ -244,6 +244,16 @@ class Trajectory:
     def truncated(self) -> bool:
         return self.finish_reason == "budget"
 
+    def record(self) -> dict:
+        """The trajectory as JSON-serialisable values, which `from_record` turns back into it
+        (what hosts send each other)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> Trajectory:
+        return cls(**{**record, "turn_spans": [tuple(span) for span in record["turn_spans"]],
+                      "tool_calls": [ToolCallRecord(**call) for call in record["tool_calls"]]})
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutStats:
