@@ -20,6 +20,7 @@ On one process every function here is the identity (or the whole range, in order
 """
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Callable
 
@@ -40,15 +41,18 @@ def share(count: int) -> slice:
     return slice(start, start + base + (index < extra))
 
 
-def claims(name: str, count: int) -> Callable[[], int | None]:
+_queues = itertools.count()  # the queues this process has made: the next one's name
+
+
+def claims(count: int) -> Callable[[], int | None]:
     """A queue of ``count`` items shared by the run's processes: each call hands this process
-    the next item no process has taken, ``0 .. count - 1`` in turn, then None. ``name`` names
-    the queue; it must be new to the run (an RL step's number, say) and the same on every
-    process. On one process: the items in order.
+    the next item no process has taken, ``0 .. count - 1`` in turn, then None. Every process
+    makes the same sequence of queues (the k-th `claims` call of each process shares the k-th
+    queue, as collectives pair up). On one process: the items in order.
 
     The queue is a counter in the key-value store of JAX's distributed runtime (process 0's
     coordination service), taken with an atomic increment: one round trip, about 0.35 ms on
-    localhost. If process 0 is gone, a call raises rather than waits.
+    localhost. A process that dies stops the others (`rstar2_jax.distributed`).
     """
     if jax.process_count() == 1:
         return in_order(count)
@@ -56,7 +60,7 @@ def claims(name: str, count: int) -> Callable[[], int | None]:
     # use it the same way).
     from jax._src.distributed import global_state
 
-    client, key = global_state.client, f"rstar2_jax/claims/{name}"
+    client, key = global_state.client, f"rstar2_jax/claims/{next(_queues)}"
 
     def claim() -> int | None:
         taken = client.key_value_increment(key, 1) - 1  # the counter's value after this claim

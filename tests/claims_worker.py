@@ -22,7 +22,7 @@ from rstar2_jax.sampler import Trajectory  # noqa: E402
 
 WAIT_MS = 300_000
 client, me = global_state.client, jax.process_index()
-queue = hosts.claims("test", 6)
+queue = hosts.claims(6)
 taken = []
 
 
@@ -42,13 +42,24 @@ def claim():
     return q
 
 
+
+
+def step(claim):
+    """The step's trajectories gathered from both processes, and the questions this one ran."""
+    mine, _ = sampler.rollout(params, prompts, SAMPLES, seed=11, claim=claim)
+    by_question = {}
+    for t in mine:
+        by_question.setdefault(t.prompt_index, []).append(t.record())
+    gathered = hosts.gather_questions(6, by_question)
+    return [Trajectory.from_record(t) for ts in gathered for t in ts], sorted(by_question)
+
+
 sampler, params, prompts = make_setup()
-mine, _ = sampler.rollout(params, prompts, SAMPLES, seed=11, claim=claim)
-by_question = {}
-for t in mine:
-    by_question.setdefault(t.prompt_index, []).append(t.record())
-step = [Trajectory.from_record(t) for ts in hosts.gather_questions(6, by_question) for t in ts]
+skewed, ran = step(claim)
 whole, _ = sampler.rollout(params, prompts, SAMPLES, seed=11)
-assert [(t.prompt_index, t.sample_index) for t in step] == [(t.prompt_index, t.sample_index) for t in whole]
-assert drawn(step) == drawn(whole), "the balanced step differs from the in-order one"
-print(json.dumps(sorted(by_question)))
+assert [(t.prompt_index, t.sample_index) for t in skewed] == [(t.prompt_index, t.sample_index) for t in whole]
+assert drawn(skewed) == drawn(whole), "the balanced step differs from the in-order one"
+# A second step's queue is a new one: its questions are handed out afresh.
+again, _ = step(hosts.claims(6))
+assert drawn(again) == drawn(whole)
+print(json.dumps(ran))

@@ -63,7 +63,7 @@ def worker(repeats: int, tool_s: float) -> None:
                     block = iter(range(hosts.share(QUESTIONS).start, hosts.share(QUESTIONS).stop))
                     claim = lambda: next(block, None)  # noqa: E731
                 else:
-                    claim = hosts.claims(f"bench_{repeat}", QUESTIONS)
+                    claim = hosts.claims(QUESTIONS)
                 hosts.gather(np.zeros((1,)))  # start together
                 start = time.perf_counter()
                 trajs, _ = sampler.rollout(params, prompts, SAMPLES, seed=1, claim=claim)

@@ -99,7 +99,7 @@ class RLLoop:
         # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, serving_params(state.params), problems, prompts, n,
-            rollout_seed, claim=claims(f"rl_step_{step}", len(problems)))
+            rollout_seed, claim=claims(len(problems)))
         trajs, rewards = _all_questions(trajs, rewards, n)
         hosts = gather({
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
