@@ -244,6 +244,16 @@ class Trajectory:
     def truncated(self) -> bool:
         return self.finish_reason == "budget"
 
+    def record(self) -> dict:
+        """The trajectory as JSON-serialisable values, which `from_record` turns back into it
+        (what hosts send each other)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> Trajectory:
+        return cls(**{**record, "turn_spans": [tuple(span) for span in record["turn_spans"]],
+                      "tool_calls": [ToolCallRecord(**call) for call in record["tool_calls"]]})
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutStats:
@@ -355,7 +365,8 @@ class AgentSampler:
 
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
                 on_finish: Callable[[Trajectory], None] | None = None, seed: int = 0,
-                first_sequence: int = 0) -> tuple[list[Trajectory], RolloutStats]:
+                first_sequence: int = 0, claim: Callable[[], int | None] | None = None,
+                ) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
 
         `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
@@ -364,6 +375,10 @@ class AgentSampler:
         + s`), so the samples do not depend on slot scheduling or tool timing: the same params,
         prompts and seed give the same tokens, and a share of a batch, started at its offset,
         gives the tokens its rows get in the whole batch.
+
+        With ``claim``, only the prompts it hands out are sampled, each as a row frees up
+        (`PromptFeeder`): `rstar2_jax.hosts.claims` shares a step's prompts among hosts that way.
+        A claimed prompt's samples are the ones the whole batch gives it.
 
         Returns the trajectories ordered by (prompt, sample) and timing statistics. Every tool
         session the call opened is closed when it returns or raises.
@@ -375,15 +390,15 @@ class AgentSampler:
         engine = self._open_engine(params)
         try:
             return self._rollout(engine, prompts, samples_per_prompt, on_finish, seed,
-                                 first_sequence)
+                                 first_sequence, claim)
         finally:
             engine.close()
 
     def _rollout(self, engine: Engine, prompts, samples_per_prompt, on_finish, seed,
-                 first_sequence) -> tuple[list[Trajectory], RolloutStats]:
+                 first_sequence, claim) -> tuple[list[Trajectory], RolloutStats]:
         feeder = PromptFeeder(engine, prompts, samples_per_prompt,
                               [self.limits.max_response_tokens] * len(prompts), seed,
-                              first_sequence)
+                              first_sequence, claim)
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
@@ -392,7 +407,7 @@ class AgentSampler:
         finished: list[Trajectory] = []  # finished in this iteration, not yet reported
 
         try:
-            while feeder.queue or any(r is not None for r in rows):
+            while not feeder.done or any(r is not None for r in rows):
                 for i, p, s in feeder.fill([i for i, r in enumerate(rows) if r is None]):
                     rows[i] = _Row(Trajectory(p, s, list(prompts[p])),
                                    sequence=first_sequence + p * samples_per_prompt + s)

@@ -15,8 +15,9 @@ The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algor
 one passed to `run_rl`.
 
 The sampler reads the updated params directly: same process, no weight copy. Across several
-processes each host rolls out its own share of the questions with its own tool and verifier
-pools and trains on rows of its own rollouts (`rstar2_jax.hosts`). Everything random
+processes the hosts take the step's questions from a shared queue as their engines free rows,
+roll them out with their own tool and verifier pools, exchange the trajectories, and each trains
+on the rollouts of its block of the step's questions (`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one.
 """
@@ -36,11 +37,11 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.hosts import gather, serving_params, share as host_share
+from rstar2_jax.hosts import claims, gather, gather_questions, serving_params, share as host_share
 from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
-from rstar2_jax.sampler import AgentSampler, SamplingParams
+from rstar2_jax.sampler import AgentSampler, SamplingParams, Trajectory
 from rstar2_jax.sampler.engine import bucket
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
@@ -90,38 +91,43 @@ class RLLoop:
         rl = self.config.rl
         n = rl.rollouts_per_question
         indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
-        share = host_share(len(indices))  # this process's questions (rstar2_jax.hosts)
-        problems = [self.problems[i] for i in indices[share]]
+        problems = [self.problems[i] for i in indices]
         prompts = [chat.encode_prompt(self.tokenizer, p.question, self.fmt) for p in problems]
         step_key = jax.random.fold_in(rng, step)
         rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
+        # Each host takes the step's questions from a shared queue as its rows free up
+        # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, serving_params(state.params), problems, prompts, n,
-            rollout_seed, first_sequence=share.start * n)
+            rollout_seed, claim=claims(len(problems)))
+        trajs, rewards = _all_questions(trajs, rewards, n)
         hosts = gather({
-            "rollouts": rollout_arrays(trajs, rewards),
-            "response_lengths": np.array([len(t.response_ids) for t in trajs], np.int32),
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
             "counts": np.array([[stats.generated_tokens, stats.preemptions]], np.int64)})
-        rollouts = hosts["rollouts"]
+        rollouts = rollout_arrays(trajs, rewards)
         kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
                                rl.group_size)
         rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
         tokens, preemptions = hosts["counts"].sum(axis=0)
-        metrics = rollout_metrics(rollouts, kept, hosts["response_lengths"]) | {
+        response_lengths = np.array([len(t.response_ids) for t in trajs], np.int32)
+        metrics = rollout_metrics(rollouts, kept, response_lengths) | {
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,
             "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
             "rollouts/preemptions": preemptions}
         start = time.perf_counter()
         if kept.index.size:
+            # Each process trains on the rollouts of its block of the step's questions, whichever
+            # host sampled them: the update is the same whatever each host took.
             limits = self.config.limits
+            share = host_share(len(indices))
             mine = kept.share(share.start * n, share.stop * n)
-            most = int(np.bincount(kept.index // len(trajs)).max())  # kept rows of the fullest host
-            batch = make_batch(trajs, mine, pad_id=self.pad_id,
+            block = trajs[share.start * n:share.stop * n]
+            most = int(np.bincount(kept.index // len(block)).max())  # kept rows of the fullest host
+            batch = make_batch(block, mine, pad_id=self.pad_id,
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
                                rows=bucket(most, minimum=1))
-            check_trained_ids(batch, trajs, mine, self._encode_tool_response)
+            check_trained_ids(batch, block, mine, self._encode_tool_response)
             check = None if self.checked_mismatch else self._check_mismatch
             state, update_metrics = self.update(state, batch, check=check)
             self.checked_mismatch = True
@@ -157,6 +163,20 @@ class RLLoop:
             f"than the trainer's (another checkpoint), or rollout.serving_dtype="
             f"{rollout.serving_dtype} is too coarse for this model; raise rl.first_step_gap_limit, "
             f"or set it to null, if the gap is expected")
+
+
+def _all_questions(trajs: list[Trajectory], rewards: np.ndarray,
+                   n: int) -> tuple[list[Trajectory], np.ndarray]:
+    """The step's trajectories (question-major) and rewards `[questions, n]` from every
+    process's: ``trajs`` are this process's, of the questions it took, ``rewards`` its
+    `[questions, n]` (0 for the others' questions)."""
+    mine = {}
+    for q in sorted({t.prompt_index for t in trajs}):
+        ran = trajs[len(mine) * n:(len(mine) + 1) * n]
+        mine[q] = {"trajectories": [t.record() for t in ran], "rewards": rewards[q].tolist()}
+    every = gather_questions(len(rewards), mine)
+    return ([Trajectory.from_record(t) for q in every for t in q["trajectories"]],
+            np.array([q["rewards"] for q in every], np.float32).reshape(rewards.shape))
 
 
 @jax.jit
