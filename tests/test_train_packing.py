@@ -3,12 +3,19 @@ ladder fixed before the run, groups kept apart, and little padding."""
 import numpy as np
 import pytest
 
-from rstar2_jax.train.packing import PackShapes, first_fit_decreasing, pack
+from rstar2_jax.train.packing import PackShapes, first_fit_decreasing, pack, row_bucket
 
 
 def test_row_lengths_are_a_ladder_up_to_the_longest_sequence():
     assert PackShapes(10240).row_lengths() == (1280, 2560, 3840, 5120, 6400, 7680, 8960, 10240)
     assert PackShapes(336).row_lengths() == (128, 256, 336)
+
+
+def test_row_counts_come_from_eighth_octave_buckets():
+    assert [row_bucket(n) for n in range(1, 22)] == [*range(1, 17), 18, 18, 20, 20, 22]
+    assert row_bucket(33) == 36 and row_bucket(65) == 72 and row_bucket(72) == 72
+    for n in range(1, 1000):
+        assert n <= row_bucket(n) <= 1.125 * n
 
 
 def test_first_fit_decreasing_places_each_sequence_whole():
@@ -37,7 +44,7 @@ def test_pack_takes_the_shape_of_fewest_tokens_and_keeps_groups_apart():
     for row_tokens in shapes.row_lengths():
         if row_tokens >= max(lengths):
             per_group = max(len(first_fit_decreasing(lengths[g::3], row_tokens)) for g in range(3))
-            assert -(-per_group // 2) * 2 * 3 * row_tokens >= rows * packing.row_tokens
+            assert row_bucket(-(-per_group // 2)) * 2 * 3 * row_tokens >= rows * packing.row_tokens
     padding = 1 - sum(lengths) / (rows * packing.row_tokens)
     assert padding < 0.2, padding
 

@@ -15,10 +15,9 @@ from rstar2_jax.config import load_config
 from rstar2_jax.model import init_params, token_logprobs
 from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.train.checkpoint import Checkpointer
-from rstar2_jax.train.configs import SFTConfig
+from rstar2_jax.train.configs import OptimizerConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train.configs import OptimizerConfig
 from rstar2_jax.train.packing import PackShapes, pack
 from rstar2_jax.train.sft import digit_weights, epoch_order, pack_batch, pad_batch, run_sft, sft_loss
 from rstar2_jax.train.step import init_train_state, make_train_step

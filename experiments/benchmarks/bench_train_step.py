@@ -151,13 +151,28 @@ def _unrolled_loops():
         jax.lax.scan, jax.lax.map = scan, lax_map
 
 
-def xla_cost(make_step, config: ModelConfig, optimizer, params_dtype, batch: int, seq: int) -> dict:
-    """XLA's flops and bytes accessed of one compiled step at the model's depth."""
+def time_steps(step, state: TrainState, batch: dict, repeats: int) -> tuple[float, float]:
+    """(seconds of the first step: compile + run, median seconds of ``repeats`` more)."""
+    def run():
+        nonlocal state
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+
+    first = _timed(run)
+    return first, statistics.median(_timed(run) for _ in range(repeats))
+
+
+def xla_cost(make_step, config: ModelConfig, optimizer, params_dtype, batch: int, seq: int,
+             abstract_inputs=None) -> dict:
+    """XLA's flops and bytes accessed of one compiled step at the model's depth; its inputs
+    `_abstract_inputs` of batch x seq rows, or ``abstract_inputs(config)`` if given."""
     def cost(layers):
         shallow = dataclasses.replace(config, num_layers=layers)
         with _unrolled_loops():
             step = make_step(shallow)
-            lowered = step.lower(*_abstract_inputs(shallow, optimizer, params_dtype, batch, seq))
+            inputs = (_abstract_inputs(shallow, optimizer, params_dtype, batch, seq)
+                      if abstract_inputs is None else abstract_inputs(shallow))
+            lowered = step.lower(*inputs)
         analysis = lowered.compile().cost_analysis()
         analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
         return np.array([analysis["flops"], analysis["bytes accessed"]])
@@ -225,13 +240,7 @@ def main():
         "advantages": rng.normal(size=b).astype(np.float32),
         "old_logp": np.full((b, t), -np.log(config.vocab_size), np.float32)})
 
-    def run():
-        nonlocal state
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
-
-    compile_seconds = _timed(run)
-    seconds = statistics.median(_timed(run) for _ in range(args.repeats))
+    compile_seconds, seconds = time_steps(step, state, batch, args.repeats)
     print(f"first step (compile + run): {compile_seconds:.1f} s")
     print(f"train step: {seconds:.3f} s median of {args.repeats} -> {b * seq / seconds:,.0f} "
           f"tokens/s, {_flop(flops / seconds)}/s")

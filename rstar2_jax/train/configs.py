@@ -192,7 +192,11 @@ class RLConfig:
     default, drops groups of equal rewards and keeps ``group_size`` (G) of 2G), computes their
     advantages and defines the loss: a name of ``rstar2_jax.algorithms.ALGORITHMS`` or an import
     path ``package.module:object``. The kept rollouts are split into ``mini_batches`` optimizer
-    updates, each accumulated over micro-batches of ``micro_batch_size`` rows.
+    updates, each accumulated over micro-batches of ``micro_batch_size`` rows (rollouts).
+    ``packed`` (default) packs the rollouts of each update into rows of up to the prompt +
+    response budget, each attending only to itself (`rstar2_jax.train.packing`): the same loss,
+    metrics and gradients as one rollout per row padded to the budget (``packed=false``), for
+    the tokens of the rollouts rather than of the padding.
 
     ``rollout_correction`` corrects the update of any algorithm for the gap between the
     sampler's log-probs and the trainer's (importance weights, masking; off by default:
@@ -224,6 +228,7 @@ class RLConfig:
     micro_batch_size: int | None = None
     logprob_chunk: int = 256  # sequence positions per chunk of the [batch, chunk, vocab] logits
     remat: bool = False
+    packed: bool = True
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     first_step_gap_limit: float | None = 0.05
     entropy_coef: float = 0.0

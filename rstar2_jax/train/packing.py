@@ -7,8 +7,10 @@ attends only to itself, its positions start at 0). No sequence is split across r
 
 The shapes come from a set fixed before the run (`PackShapes`), so the update compiles once per
 shape it meets: the row length from a ladder of budgets up to the longest sequence allowed, the
-row count a multiple of the row multiple, the segment slots a power of two. Of the shapes that
-hold a batch, the packer takes the fewest tokens (first-fit decreasing for each row length).
+row count from eighth-octave buckets (1 to 16, 18, 20, ..., 32, 36, 40, ...: at most 12.5%
+above the rows needed) times the row multiple, the segment slots a power of two. Of the
+shapes that hold a batch, the packer takes the fewest tokens (first-fit decreasing for each row
+length).
 
 Groups: sequence i goes to group i % groups and every row holds sequences of one group; row r is
 group r % groups's. A train step that takes rows j, j + n, ... as its mini- or micro-batch
@@ -35,7 +37,7 @@ class PackShapes:
     max_tokens: the longest sequence allowed (a longer one is an error, before any work).
     rungs: row lengths are max_tokens * k / rungs for k = 1..rungs, rounded up to a multiple
       of 128 tokens: a batch of short sequences gets short rows.
-    row_multiple: rows per group are a multiple of this (data-parallel devices).
+    row_multiple: rows per group are a row bucket times this (data-parallel devices).
     """
 
     max_tokens: int
@@ -54,8 +56,8 @@ class PackShapes:
 
     def describe(self, groups: int = 1) -> str:
         """One line for the run's log: the shapes a packed batch can take."""
-        return (f"packed rows: a multiple of {self.row_multiple * groups} rows x one of "
-                f"{list(self.row_lengths())} tokens, segment slots a power of two")
+        return (f"packed rows: {self.row_multiple * groups} x (1 to 16, 18, 20, ..., 32, 36, 40, "
+                f"...) rows x one of {list(self.row_lengths())} tokens, segment slots a power of two")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,15 @@ class Packing:
                 out[i] = (r, start)
                 start += lengths[i]
         return out
+
+
+def row_bucket(n: int) -> int:
+    """The smallest of 1 to 16, 18, 20, ..., 32, 36, 40, ... (eight per octave from 8 on) that
+    is at least n >= 1."""
+    if n <= 8:
+        return n
+    step = 1 << (n.bit_length() - 4)  # n is in [8 * step, 16 * step)
+    return -(-n // step) * step
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -145,7 +156,7 @@ def pack(lengths: Sequence[int], shapes: PackShapes, groups: int = 1, *,
                  for b in first_fit_decreasing([lengths[i] for i in members[g]], row_tokens)]
                 for g in range(groups)]
         per_group = max(1, max(len(b) for b in bins))
-        per_group = -(-per_group // shapes.row_multiple) * shapes.row_multiple
+        per_group = row_bucket(-(-per_group // shapes.row_multiple)) * shapes.row_multiple
         if best is None or per_group * row_tokens < best[0] * best[1]:
             best = (per_group, row_tokens, bins)
     if best is None:

@@ -21,11 +21,19 @@ forward, with its gradient; ``ref_logp`` from step (1). With one mini-batch (the
 released recipe) the ratio is 1 and nothing is clipped; with more, later mini-batches see a
 moved policy and clipping starts to act.
 
-Every distinct (rows, seq) shape compiles once; bucket them in the caller.
+Packed (``rl.packed``, the default): the rows go to the model packed, several rollouts per row
+(`rstar2_jax.train.packing`), and the per-token log-probs (and entropies) come back gathered
+into the layout above, one rollout per row, which is what the rollout correction, the metrics
+and the loss see: each of them is the same function of the same arrays as unpacked. Each mini-
+and micro-batch packs its own rollouts (packing groups), the ones it would train on unpacked.
+
+Every distinct (rows, seq) shape compiles once; bucket them in the caller. Packed shapes come
+from the ladder of `PackShapes` (logged at the first update).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any, Callable
 
@@ -48,7 +56,10 @@ from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig
+from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
 from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction
+
+log = logging.getLogger(__name__)
 
 _FIELDS = ("tokens", "attention_mask", "loss_mask", "advantages", "sampler_logp")
 
@@ -89,40 +100,67 @@ def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConf
     if loss is None:
         loss = train_loss(resolve_algorithm(config.algorithm).loss, config)
     inputs = loss_inputs(loss)
-    out = token_logprobs(params, model_config, mb["inputs"], mb["targets"],
-                         lengths=_lengths(mb["attention_mask"]), chunk_size=config.logprob_chunk,
-                         temperature=config.temperature, remat=config.remat,
-                         return_entropy="entropy" in inputs)
+    out = _trainer_logprobs(params, mb, model_config=model_config, config=config, remat=config.remat,
+                            return_entropy="entropy" in inputs)
     logp, extra = (out[0], {"entropy": out[1]}) if "entropy" in inputs else (out, {})
     if "ref_logp" in inputs:
         extra["ref_logp"] = mb["ref_logp"]
     return loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], **extra)
 
 
+def _trainer_logprobs(params, rows: dict, *, model_config: ModelConfig, config: RLConfig, **kwargs):
+    """`token_logprobs` of shifted rows (`_shift`), one sequence per row `[rows, seq-1]`: of
+    right-padded rows by their lengths, or of packed rows (``segment_lengths``), gathered back
+    to that layout by ``gather`` (`rstar2_jax.train.packing.gather_index`)."""
+    kwargs |= {"chunk_size": config.logprob_chunk, "temperature": config.temperature}
+    if "segment_lengths" not in rows:
+        return token_logprobs(params, model_config, rows["inputs"], rows["targets"],
+                              lengths=_lengths(rows["attention_mask"]), **kwargs)
+    packed = token_logprobs(params, model_config, rows["inputs"], rows["targets"],
+                            segment_lengths=rows["segment_lengths"], **kwargs)
+    return jax.tree.map(lambda x: x.reshape(-1)[rows["gather"]], packed)
+
+
 def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfig, chunks: int):
     """Trainer log-probs and entropies [rows, seq-1] (no gradient), ``chunks`` row chunks at a
-    time (strided, like the train step's micro-batches)."""
-    rows = shifted["inputs"].shape[0]
-
+    time (strided, like the train step's micro-batches; packed rows and their gather index
+    alike)."""
     def split(x):
-        return jnp.swapaxes(x.reshape(rows // chunks, chunks, *x.shape[1:]), 0, 1)
+        return jnp.swapaxes(x.reshape(x.shape[0] // chunks, chunks, *x.shape[1:]), 0, 1)
 
     def merge(x):
-        return jnp.swapaxes(x, 0, 1).reshape(rows, *x.shape[2:])
+        return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
 
-    def one(args):
-        inputs, targets, mask = args
-        return token_logprobs(params, model_config, inputs, targets, lengths=_lengths(mask),
-                              chunk_size=config.logprob_chunk, temperature=config.temperature,
-                              return_entropy=True)
+    def one(rows):
+        return _trainer_logprobs(params, rows, model_config=model_config, config=config,
+                                 return_entropy=True)
 
-    logp, entropy = jax.lax.map(one, tuple(split(shifted[k]) for k in ("inputs", "targets", "attention_mask")))
+    keys = [k for k in ("inputs", "targets", "attention_mask", "segment_lengths", "gather") if k in shifted]
+    logp, entropy = jax.lax.map(one, {k: split(shifted[k]) for k in keys})
     return merge(logp), merge(entropy)
 
 
 def _lengths(attention_mask):
     """Real tokens per right-padded row [rows] of attention_mask [rows, seq]."""
     return jnp.sum(attention_mask, axis=1, dtype=jnp.int32)
+
+
+def pack_rows(batch: dict, shifted: dict, shapes: PackShapes, groups: int) -> dict:
+    """``shifted`` (`_shift` of ``batch``, this process's rows) with its token rows packed
+    (``inputs``, ``targets``, ``segment_lengths``) and the ``gather`` index of each rollout's
+    values in them (`_trainer_logprobs`); the per-target arrays stay one rollout per row.
+    Rollout i is in packing group i % ``groups`` (the step's mini- and micro-batches take every
+    ``groups``-th row). A rollout with no loss token (a padding row) is left out of the rows."""
+    seq = batch["tokens"].shape[1]
+    has_loss = batch["loss_mask"].any(axis=1)
+    lengths = np.where(has_loss, batch["attention_mask"].sum(axis=1), 0).tolist()
+    packing = pack_across_processes(lengths, shapes, groups)
+    rows = pack_tokens(batch["tokens"], lengths, packing, pad_id=0)
+    first_row = jax.process_index() * len(packing.rows) // groups  # rows placed before ours
+    packed = {"inputs": rows[:, :-1], "targets": rows[:, 1:],
+              "segment_lengths": packing.segment_lengths(lengths),
+              "gather": gather_index(packing, lengths, seq, groups, first_row)}
+    return {k: v for k, v in shifted.items() if k not in ("inputs", "targets", "attention_mask")} | packed
 
 
 class RLUpdate:
@@ -171,6 +209,7 @@ class RLUpdate:
         self._mini_batch = jax.jit(
             lambda rows, j: jax.tree.map(lambda x: x[j::config.mini_batches], rows),
             static_argnums=1, out_shardings=self._rows)
+        self._logged_shapes = False
 
     def row_multiple(self) -> int:
         """Row counts of all processes together are padded up to a multiple of this (with rows
@@ -186,13 +225,16 @@ class RLUpdate:
         with the mismatch and correction metrics of the step (all processes' rows) before any
         optimizer step: it may raise to stop the run with the params untouched."""
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
-        shifted = place_batch(_shift(batch), self.mesh)
+        rows = batch["tokens"].shape[0] * jax.process_count()
+        rows_per_update = rows // self.config.mini_batches
+        micro = rows_per_update // (self.config.micro_batch_size or rows_per_update)
+        shifted = _shift(batch)
+        if self.config.packed:
+            shifted = self._pack(batch, shifted, groups=micro * self.config.mini_batches)
+        shifted = place_batch(shifted, self.mesh)
         tokens = float(_count(shifted["mask"]))  # of all processes
         if not tokens:
             raise ValueError("the batch has no generated token to train on")
-        rows = shifted["inputs"].shape[0]  # of all processes
-        rows_per_update = rows // self.config.mini_batches
-        micro = rows_per_update // (self.config.micro_batch_size or rows_per_update)
 
         chunks = micro * self.config.mini_batches
         if chunks not in self._old_passes:
@@ -214,6 +256,13 @@ class RLUpdate:
             state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {"tokens": tokens} | stats
+
+    def _pack(self, batch: dict, shifted: dict, groups: int) -> dict:
+        shapes = PackShapes(batch["tokens"].shape[1], row_multiple=process_fsdp_shards(self.mesh))
+        if not self._logged_shapes:
+            log.info("RL update %s", shapes.describe(groups))
+            self._logged_shapes = True
+        return pack_rows(batch, shifted, shapes, groups)
 
     def _old_pass(self, chunks: int):
         """Jitted ``(params, reference, shifted) -> (old_logp, ref_logp, advantages, mask,
