@@ -21,7 +21,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.errors import ConfigError
-from rstar2_jax.hosts import gather_objects, share as host_share
+from rstar2_jax.hosts import claims, gather, gather_questions
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
 from rstar2_jax.sandbox.result import without_time
@@ -84,8 +84,8 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
              samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
              ks: Sequence[int] = (1,), seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
     """Samples every problem `samples` times and scores each sample. Across several processes
-    each samples its share of the problems (`rstar2_jax.hosts`) and every process returns the
-    report and records of all of them, the same as one process's.
+    each takes problems from a shared queue as its rows free up (`rstar2_jax.hosts`) and every
+    process returns the report and records of all of them, the same as one process's.
 
     Args:
       sampler: decides temperature, turn and token limits (paper: 0.6, 30 turns, 30K tokens).
@@ -99,25 +99,24 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     """
     if samples < 1 or any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"need samples >= 1 and every k in 1..samples; got {samples}, {ks}")
-    mine = host_share(len(problems))  # all of them on one process
-    prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems[mine]]
-    trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems[mine], prompts,
-                                              samples, seed, first_sequence=mine.start * samples)
-    records = []
+    prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems]
+    # Hosts take the problems from a shared queue as their rows free up (rstar2_jax.hosts).
+    trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems, prompts,
+                                              samples, seed, claim=claims(len(problems)))
     untimed = without_time if sampler.settings.show_tool_time else (lambda text: text)
+    mine: dict[int, list[dict]] = {}
     for t in trajs:
-        problem = problems[mine.start + t.prompt_index]
-        records.append(SampleRecord(
-            problem=mine.start + t.prompt_index, sample=t.sample_index,
+        problem = problems[t.prompt_index]
+        mine.setdefault(t.prompt_index, []).append(dataclasses.asdict(SampleRecord(
+            problem=t.prompt_index, sample=t.sample_index,
             question=problem.question, answer=problem.answer,
             reward=float(rewards[t.prompt_index, t.sample_index]), finish_reason=t.finish_reason,
             response_tokens=len(t.response_ids),
             tool_calls=[{"code": c.code, "stdin": c.stdin, "status": c.status,
                          "response": untimed(c.response_text)} for c in t.tool_calls],
-            response_text=t.response_text))
-    hosts = gather_objects({"records": [dataclasses.asdict(r) for r in records],
-                            "wall_s": stats.wall_s})
-    records = [SampleRecord(**r) for host in hosts for r in host["records"]]
+            response_text=t.response_text)))
+    records = [SampleRecord(**r) for ran in gather_questions(len(problems), mine) for r in ran]
+    wall_s = float(gather(np.array([stats.wall_s])).max())  # the slowest host's
     rewards = np.zeros((len(problems), samples), np.float32)
     for r in records:
         rewards[r.problem, r.sample] = r.reward
@@ -130,7 +129,7 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
         tool_calls_per_sample=len(calls) / len(records),
         tool_error_rate=sum(c["status"] != "ok" for c in calls) / max(len(calls), 1),
         truncation_rate=float(np.mean([r.finish_reason == "budget" for r in records])),
-        wall_s=max(host["wall_s"] for host in hosts))  # the slowest host's
+        wall_s=wall_s)
     return report, records
 
 

@@ -141,7 +141,7 @@ def test_rl_eval_and_hard_subset_across_two_processes_match_one_process(rl_setup
     one = _crash_resume_and_compare(d, _rl_args(d, "two"), reference, last_step=2, kill_after=1)
     assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 for r in one)  # both steps trained
 
-    # Evaluation: 15 problems, 8 on process 0 and 7 on process 1; process 0 writes every
+    # Evaluation: 15 problems taken from the shared queue; process 0 writes every
     # record, sample for sample one process's draws. Not always bit for bit: a row resumed after
     # a tool call runs batched with whichever rows' results arrived with it, so float noise can
     # flip a near-tie draw (1 sample of 60 here, once).
