@@ -3,6 +3,7 @@
 Training jobs take a YAML config and ``key=value`` overrides, checked against the job's frozen
 dataclass (``rstar2_jax.train.configs``); a bad key or value stops with a message naming it::
 
+    python -m rstar2_jax demo [--tiny] [out=runs/demo]
     python -m rstar2_jax sft --config experiments/paper/sft.yaml run_dir=runs/sft
     python -m rstar2_jax rl --config experiments/paper/stage1.yaml
     python -m rstar2_jax eval --config experiments/paper/eval_aime.yaml model.path=out/hf
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -44,7 +46,9 @@ _MULTI_PROCESS_JOBS = {"sft", "rl", "eval", "hard-subset"}
 def _demo(args: argparse.Namespace) -> int:
     from rstar2_jax.toy.demo import DemoConfig, run_demo
 
-    run_demo(load_config(DemoConfig, args.config, args.overrides))
+    config = load_config(DemoConfig.tiny() if args.tiny else DemoConfig, args.config, args.overrides)
+    args.resume = f"the checkpoints in {config.out} (saved as SFT and RL finish)"
+    run_demo(config)
     return 0
 
 
@@ -54,6 +58,7 @@ def _sft(args: argparse.Namespace) -> int:
 
     config = load_config(SFTConfig, args.config, args.overrides)
     require_writable_dir(config.run_dir, "the run directory")
+    args.resume = f"the newest checkpoint in {config.run_dir}"
     state = run_sft(config)
     print(f"SFT finished at step {int(state.step)}")
     return 0
@@ -70,8 +75,13 @@ def _rl(args: argparse.Namespace) -> int:
     require_writable_dir(config.run_dir, "the run directory")
     # run_rl starts its sandbox and verifier pools first; check what it reads before that.
     open_tokenizer(config.model.path, config.model.tokenizer_path, get_format(config.model.chat_format))
-    load_problems(config.stage.dataset)
+    problems = load_problems(config.stage.dataset)
+    if config.rl.questions_per_step > len(problems):
+        raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} exceeds the "
+                          f"{len(problems)} problems of stage.dataset={config.stage.dataset}; "
+                          f"lower it or use a larger dataset")
     _require_previous_stage(config.stage.init_from)
+    args.resume = f"the newest checkpoint in {config.run_dir}"
     state = run_rl(config)
     print(f"RL finished at step {int(state.step)}")
     return 0
@@ -154,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", parents=[debug],
                           help="the main job: a CPU toy that trains in minutes")
+    demo.add_argument("--tiny", action="store_true",
+                      help="the smallest run that learns (DemoConfig.tiny, out=runs/demo_tiny): "
+                           "about a minute on 2 cores; the config file and overrides apply on top")
     _add_config_args(demo)
     demo.set_defaults(func=_demo)
 
@@ -200,10 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     launcher.set_defaults(func=_launch)
 
     args = parser.parse_args(argv)
+    # transformers' import-time advice ("PyTorch was not found...") concerns its models, which
+    # no job uses; its warnings stay.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     import rstar2_jax.toy.format  # noqa: F401  registers model.chat_format=toy, for the toy's models
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # orbax logs every checkpoint step through absl at INFO; keep the progress bars readable.
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # Our own INFO lines, and only the warnings of the libraries (JAX logs its backend probing,
+    # orbax every checkpoint step, at INFO).
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rstar2_jax").setLevel(logging.INFO)
     try:
         if args.func is not _launch:
             initialize_from_env()
@@ -218,3 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             f"cannot access {e.filename}: {e.strerror or _one_line(e)}"
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        resume = getattr(args, "resume", None)
+        print("interrupted; " + (f"run the same command again to resume from {resume}" if resume
+                                 else "nothing to resume, run the command again"), file=sys.stderr)
+        return 130

@@ -21,11 +21,12 @@ __all__ = ["ConfigError", "config_from_dict", "config_to_dict", "config_to_yaml"
 T = TypeVar("T")
 
 
-def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+def load_config(schema: type[T] | T, path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """Builds ``schema`` from its defaults, then the YAML file at ``path``, then ``overrides``.
 
     Args:
-      schema: a (frozen) dataclass type.
+      schema: a (frozen) dataclass type, or an instance of one (a preset) whose values take the
+        place of the defaults.
       path: optional YAML file whose keys mirror the dataclass fields (nested as mappings).
       overrides: ``"a.b=value"`` strings applied last, in order.
 

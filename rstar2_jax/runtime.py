@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -55,7 +56,8 @@ class RolloutRuntime:
         s = self.settings
         with contextlib.ExitStack() as stack:  # a pool that fails to start stops the other
             sandbox = stack.enter_context(
-                SandboxPool(num_workers=s.sandbox_workers, timeout_s=s.tool_timeout_s))
+                SandboxPool(num_workers=s.sandbox_workers, timeout_s=s.tool_timeout_s,
+                            **s.tool_limits.given()))
             verifier = stack.enter_context(
                 VerifierPool(num_workers=s.verifier_workers, timeout_s=s.verifier_timeout_s))
             self._stack = stack.pop_all()
@@ -96,9 +98,11 @@ class RolloutRuntime:
 
 
 def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
-                   prompts: list[list[int]], samples: int, seed: int, first_sequence: int = 0):
+                   prompts: list[list[int]], samples: int, seed: int, first_sequence: int = 0,
+                   claim: Callable[[], int | None] | None = None):
     """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
-    `seed` and `first_sequence` as `AgentSampler.rollout` takes them.
+    `seed`, `first_sequence` and `claim` as `AgentSampler.rollout` takes them (with a claim,
+    the rewards of the questions it did not hand out stay 0).
 
     Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
     last rollout finished).
@@ -111,7 +115,7 @@ def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Probl
                 t.response_text, problems[t.prompt_index].answer)
 
     trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed,
-                                   first_sequence=first_sequence)
+                                   first_sequence=first_sequence, claim=claim)
     start = time.perf_counter()
     rewards = np.zeros((len(prompts), samples), np.float32)
     for (p, s), future in futures.items():

@@ -36,6 +36,38 @@ def leads_to_installation(path):
 """
 
 
+# Tries every interface that evicts or probes the page cache of a file of the installation;
+# prints whether all were refused and what each returned.
+PAGE_CACHE_PROBES = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.executable, os.O_RDONLY)
+page = ctypes.c_void_p(libc.mmap(None, 4096, 1, 1, fd, 0))  # PROT_READ, MAP_SHARED
+nr = {'x86_64': dict(readahead=187, io_setup=206), 'aarch64': dict(readahead=213, io_setup=0)}[os.uname().machine]
+def c(ret):
+    return 'allowed' if ret != -1 else ctypes.get_errno()
+def py(f):
+    try:
+        f()
+        return 'allowed'
+    except OSError as e:
+        return e.errno
+out = dict(
+    fadvise=py(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)),
+    preadv2_nowait=py(lambda: os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)),
+    pwritev2_nowait=py(lambda: os.pwritev(os.open('probe', os.O_CREAT | os.O_WRONLY), [b'x'], 0, os.RWF_NOWAIT)),
+    mincore=c(libc.mincore(page, 4096, ctypes.create_string_buffer(1))),
+    cachestat=c(libc.syscall(451, fd, ctypes.create_string_buffer(16), ctypes.create_string_buffer(48), 0)),
+    madvise_pageout=c(libc.madvise(page, 4096, 21)),
+    madvise_cold=c(libc.madvise(page, 4096, 20)),
+    process_madvise=c(libc.syscall(440, os.pidfd_open(os.getpid()), None, 0, 21, 0)),
+    readahead=c(libc.syscall(nr['readahead'], fd, 0, 4096)),
+    aio=c(libc.syscall(nr['io_setup'], 1, ctypes.byref(ctypes.c_ulong(0)))))
+print(all(v != 'allowed' for v in out.values()), out)
+"""
+
+
 def _case(name, code, status, stdin="", check=None, max_wall=None):
     return pytest.param(code, stdin, status, check, max_wall, id=name)
 
@@ -134,6 +166,12 @@ print(extra)""", "ok", check=lambda r: r.stdout == "[]\n"),
           "       if 'nosuid' not in l.split()[5].split(',')\n"
           "       or ('rw' in l.split()[5].split(',') and l.split()[4] not in ('/tmp', '/dev/shm', '/proc'))])",
           "ok", check=lambda r: r.stdout == "[]\n"),
+    # Hard links on a tmpfs without an inode cap: ~1.8 million of them delayed the call's
+    # teardown (outside its deadline) by ~30% of that deadline. The scratch tmpfs caps its
+    # entries, hard links included.
+    _case("hard_links_capped", "import os\nopen('f', 'w').close()\nn = 0\ntry:\n    while n < 10 ** 6:\n"
+          "        os.link('f', f'l{n}')\n        n += 1\nexcept OSError as e:\n    print(n, e.strerror)",
+          "ok", check=lambda r: r.stdout.endswith(" No space left on device\n") and int(r.stdout.split()[0]) < 10 ** 4),
     _case("too_many_open_files", "fs = [open('/dev/null') for _ in range(10 ** 4)]", "error",
           check=_stderr_has("Too many open files")),
     # -- signals and exits ------------------------------------------------------------------
@@ -155,6 +193,11 @@ print(extra)""", "ok", check=lambda r: r.stdout == "[]\n"),
           "os.kill(-1, 9)\nprint('alive', os.wait()[1])", "ok", check=lambda r: r.stdout == "alive 9\n"),
     _case("keyboard_interrupt", "raise KeyboardInterrupt", "error", check=_stderr_has("KeyboardInterrupt")),
     _case("setuid_root", "import os\nos.setuid(0)", "error", check=_stderr_has("PermissionError")),
+    # Under the host's memory pressure the kernel kills a call before the trainer, and the call
+    # cannot change that.
+    _case("oom_score_adj_highest_and_fixed", "adj = open('/proc/self/oom_score_adj').read()\ntry:\n"
+          "    open('/proc/self/oom_score_adj', 'w').write('0')\n    print(adj, 'lowered')\nexcept OSError as e:\n"
+          "    print(adj.strip(), e.errno)", "ok", check=lambda r: r.stdout == "1000 13\n"),
     _case("no_new_privs", "print(next(l for l in open('/proc/self/status') if l.startswith('NoNewPrivs')).split()[1])",
           "ok", check=lambda r: r.stdout == "1\n"),
     # fd 3 once carried the call's status to the template: writing "setup" made it a sandbox_error.
@@ -204,6 +247,37 @@ print(extra)""", "ok", check=lambda r: r.stdout == "[]\n"),
     _case("inotify_refused", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
           "print(libc.inotify_init1(0), os.strerror(ctypes.get_errno()))",
           "ok", check=lambda r: r.stdout == "-1 Operation not permitted\n"),
+    # fanotify and dnotify watch which files of the installation other calls and the trainer
+    # open (fanotify with FAN_REPORT_FID needs no privilege since Linux 5.13).
+    _case("fanotify_and_dnotify_refused", "import ctypes, fcntl, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          "fan = libc.fanotify_init(0x200, 0)\ntry:\n    fcntl.fcntl(os.open('/usr', os.O_RDONLY), fcntl.F_NOTIFY, fcntl.DN_ACCESS)\n"
+          "    dn = 'allowed'\nexcept OSError as e:\n    dn = e.errno\nprint(fan, dn)",
+          "ok", check=lambda r: r.stdout == "-1 1\n"),
+    # POSIX record locks (and OFD locks) on a file every call can open signal between calls as
+    # flock did; F_GETLK reads another call's lock.
+    _case("record_locks_refused", "import fcntl, os, struct, sys\nlock = struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0)\n"
+          "out = []\nfor path, cmd in ((sys.executable, fcntl.F_SETLK), (sys.executable, fcntl.F_GETLK), ('/dev/null', fcntl.F_SETLKW),\n"
+          "                  ('/dev/null', 37), ('/dev/null', 36), ('/dev/null', 38)):\n"
+          "    try:\n        fcntl.fcntl(os.open(path, os.O_RDONLY), cmd, lock)\n        out.append('allowed')\n"
+          "    except OSError as e:\n        out.append(e.errno)\nprint(out)",
+          "ok", check=lambda r: r.stdout == "[1, 1, 1, 1, 1, 1]\n"),
+    # A NETLINK_KOBJECT_UEVENT socket receives the host's device events in every network
+    # namespace; netlink is for the namespace's own routes (NETLINK_ROUTE), which still work.
+    _case("uevent_socket_refused", "import socket\ntry:\n    socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 15)\n"
+          "    print('allowed')\nexcept OSError as e:\n    print(e.errno, [name for _, name in socket.if_nameindex()])",
+          "ok", check=lambda r: r.stdout == "1 ['lo']\n"),
+    # Page-cache state of the installation's files is shared by every call: evicting pages
+    # (fadvise, madvise PAGEOUT/COLD, process_madvise) writes bits, probing them (mincore,
+    # cachestat, RWF_NOWAIT reads and writes, Linux AIO, readahead) reads them exactly.
+    _case("page_cache_interfaces_refused", PAGE_CACHE_PROBES, "ok",
+          check=lambda r: r.stdout.startswith("True ")),
+    # sync() while the host writes back (a checkpoint) held a killed call past its deadline;
+    # the whole family returns at once, without reaching the kernel (an invalid descriptor
+    # would fail with EBADF there).
+    _case("sync_family_never_reaches_the_kernel", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          "os.sync()\nos.fsync(1000)\nos.fdatasync(1000)\n"
+          "print(libc.syncfs(1000), libc.sync_file_range(1000, 0, 0, 2))",
+          "ok", check=lambda r: r.stdout == "0 0\n"),
     # -- interpreter state ------------------------------------------------------------------
     _case("poison_builtins", "import builtins\nbuiltins.print = None\nbuiltins.len = None", "ok"),
     _case("clear_sys_modules_and_chdir", "import os, sys\nos.chdir('/')\nsys.modules.clear()", "ok"),

@@ -26,6 +26,7 @@ from rstar2_jax.algorithms import (
     SAPO,
     Algorithm,
     Rollouts,
+    aggregate,
     cispo_loss,
     gmpo_loss,
     gpg_loss,
@@ -37,12 +38,8 @@ from rstar2_jax.algorithms import (
 
 def rollouts(rewards, truncated=None):
     """Clean two-turn rollouts (one tool call, one answer) with these rewards `[questions, n]`."""
-    rewards = np.asarray(rewards, np.float32)
-    ones = np.ones(rewards.shape, np.int32)
-    truncated = np.zeros(rewards.shape, bool) if truncated is None else np.asarray(truncated)
-    return Rollouts(rewards, lengths=10 * ones, truncated=truncated, tool_calls=ones,
-                    tool_errors=0 * ones, tool_error_mentions=0 * ones, answer_blocks=ones,
-                    answer_tags=2 * ones, turns=2 * ones)
+    return Rollouts.from_rewards(rewards, lengths=10, tool_calls=1, turns=2,
+                                 truncated=False if truncated is None else truncated)
 
 
 def run(algorithm, r, group_size):
@@ -195,3 +192,24 @@ def test_an_import_path_resolves_user_code(tmp_path, monkeypatch):
 def test_a_variant_is_a_frozen_value():
     with pytest.raises(dataclasses.FrozenInstanceError):
         GRPO.loss = gspo_loss  # type: ignore[misc]
+
+
+def test_rollouts_from_rewards_describe_clean_rollouts_unless_told_otherwise():
+    r = Rollouts.from_rewards([[1, 0], [0, 0]], tool_calls=[[2, 0], [1, 1]], truncated=True)
+    assert r.rewards.dtype == np.float32 and all(np.shape(field) == (2, 2) for field in r)
+    np.testing.assert_array_equal(r.tool_calls, [[2, 0], [1, 1]])
+    assert r.truncated.all() and (r.tool_errors == 0).all() and (r.tool_error_mentions == 0).all()
+    assert (r.lengths == 1).all() and (r.turns == 1).all()
+    assert (r.answer_blocks == 1).all() and (r.answer_tags == 2).all()
+    with pytest.raises(TypeError, match=r"no field\(s\) \['reward'\]"):
+        Rollouts.from_rewards([[1.0]], reward=1)
+
+
+def test_a_per_token_term_added_to_a_sequence_mean_loss_with_aggregate():
+    # Rows of 1 and 3 loss tokens, a per-token term of 1 on the first row's token and 2 on each
+    # of the second's: under seq-mean-token-mean the mean is (1 / 1 + 6 / 3) / 2 = 1.5.
+    mask = jnp.array([[True, False, False], [True, True, True]])
+    term = jnp.where(mask, jnp.array([[1.0, 0.0, 0.0], [2.0, 2.0, 2.0]]), 0.0)
+    loss_sum, count, total = aggregate(term, mask, "seq-mean-token-mean")
+    assert float(loss_sum) / int(count) == pytest.approx(1.5) and int(count) == 2
+    assert float(total(jnp.ones_like(term))) / int(count) == pytest.approx(1.0)

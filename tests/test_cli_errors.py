@@ -59,7 +59,7 @@ def _eval(d, *overrides):
 
 def _rl(d, *overrides):
     return ("rl", f"model.path={d}/model", f"run_dir={d}/run_rl", "stage.name=s", "stage.steps=1",
-            f"stage.dataset={d}/problems.jsonl", *overrides)
+            f"stage.dataset={d}/problems.jsonl", "rl.questions_per_step=1", *overrides)
 
 
 def test_model_directory_without_a_tokenizer(files, capsys):
@@ -106,6 +106,12 @@ def test_unwritable_hard_subset_output_and_missing_previous_stage(files, capsys)
 def test_rl_sizes_the_algorithm_cannot_run_with(files, capsys):
     err = _run(capsys, *_rl(files, "rl.rollouts_per_question=2", "rl.group_size=1"))
     assert "cannot run with rl.rollouts_per_question=2 and rl.group_size=1" in err
+
+
+def test_rl_more_questions_per_step_than_problems(files, capsys):
+    err = _run(capsys, *_rl(files, "rl.questions_per_step=2"))  # one problem in the dataset
+    assert f"rl.questions_per_step=2 exceeds the 1 problems of stage.dataset={files}/problems.jsonl" in err
+    assert not (files / "run_rl").exists()
 
 
 def test_export_of_a_missing_path_creates_nothing(files, capsys):

@@ -43,6 +43,8 @@ def test_yaml_then_overrides_in_order(tmp_path):
     ("rollout.tool_response_chars=10", "rollout.tool_response_chars"),
     ("rollout.sandbox_workers=0", "rollout.sandbox_workers"),
     ("rollout.verifier_timeout_s=0", "rollout.verifier_timeout_s"),
+    ("rollout.verifier_timeout_s=inf", "rollout.verifier_timeout_s"),
+    ("rollout.verifier_timeout_s=nan", "rollout.verifier_timeout_s"),
     ("nonsense", "nonsense"),
 ])
 def test_bad_override_names_the_key(override, named):

@@ -1,4 +1,6 @@
-"""The main job, shortened to tiny settings, end to end; and its exported model in transformers."""
+"""The main job at its tiny settings (`DemoConfig.tiny`), end to end, training; its exported model in
+transformers; the `--tiny` preset on the command line."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,33 +17,54 @@ from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.model import load_hf
 from rstar2_jax.sampler import generate
 from rstar2_jax.toy import TOY_FORMAT
-from rstar2_jax.toy.demo import DemoConfig, run_demo
+from rstar2_jax.toy.demo import DemoConfig, run_demo, weight_change
 from rstar2_jax.train.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    cfg = DemoConfig.smoke(str(tmp_path_factory.mktemp("demo")))
+    cfg = DemoConfig.tiny(str(tmp_path_factory.mktemp("demo")))
     return cfg, run_demo(cfg, progress=False)
 
 
-def test_short_main_job_runs_end_to_end(demo):
+def test_tiny_main_job_runs_end_to_end(demo):
     cfg, summary = demo
     out = cfg.out
     for report in (summary.sft, summary.rl):
-        assert report.problems == 4 and report.samples_per_problem == 2
-        assert set(report.pass_at) == {1, 2} and 0.0 <= report.pass_at[1] <= report.pass_at[2] <= 1.0
+        assert report.problems == 8 and report.samples_per_problem == 4
+        assert set(report.pass_at) == {1, 4} and 0.0 <= report.pass_at[1] <= report.pass_at[4] <= 1.0
         assert report.mean_response_tokens > 0
     assert summary.gain == pytest.approx(summary.rl.pass_at[1] - summary.sft.pass_at[1])
     assert {"sft", "eval_sft", "rl", "eval_rl", "report", "total"} <= summary.seconds.keys()
-    assert [r["step"] for r in read_metrics(f"{out}/rl")] == [1, 2]
+    records = read_metrics(f"{out}/rl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
     for name in ("eval_sft", "eval_rl"):
-        records = [json.loads(line) for line in open(f"{out}/{name}.jsonl")]
-        assert len(records) == 4 * 2 and {"question", "answer", "reward", "tool_calls"} <= records[0].keys()
+        samples = [json.loads(line) for line in open(f"{out}/{name}.jsonl")]
+        assert len(samples) == 8 * 4 and {"question", "answer", "reward", "tool_calls"} <= samples[0].keys()
     saved = json.loads(open(f"{out}/summary.json").read())
     assert saved["pass1_gain"] == pytest.approx(summary.gain)
+    assert saved["kept_groups"] == summary.kept_groups == [int(r["groups/kept"]) for r in records]
     assert open(f"{out}/curves.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert "avg pass@1" in summary.table() and "RL gain" in summary.table()
+
+
+def test_tiny_main_job_trains(demo):
+    # The tiny run exists to train: its RL steps keep groups and the policy moves.
+    cfg, summary = demo
+    records = read_metrics(f"{cfg.out}/rl")
+    assert sum(summary.kept_groups) > 0 and summary.steps_without_update < len(records)
+    updated = [r for r in records if r["groups/kept"] > 0]
+    assert all("loss" in r and r["grad_norm"] > 0 for r in updated)
+    assert weight_change(f"{cfg.out}/sft_model", f"{cfg.out}/rl_model") > 1e-4
+    assert weight_change(f"{cfg.out}/sft_model", f"{cfg.out}/sft_model") == 0.0
+
+
+def test_a_step_that_keeps_nothing_is_a_warning_in_the_summary(demo):
+    _, summary = demo
+    table = dataclasses.replace(summary, kept_groups=[0, 3]).table()
+    assert "groups kept per RL step: 0 3" in table
+    assert "WARNING: 1 of 2 RL steps kept no group" in table
+    assert "WARNING" not in dataclasses.replace(summary, kept_groups=[2, 3]).table()
 
 
 def test_exported_model_greedy_generates_like_transformers(demo):
@@ -77,6 +100,11 @@ def test_config_keeps_tool_rendering_consistent():
         load_config(DemoConfig, overrides=["eval_problems=100000"])
 
 
+def test_config_refuses_more_questions_per_step_than_training_problems():
+    with pytest.raises(ConfigError, match="rl.questions_per_step=65 exceeds the data.n_train=64"):
+        load_config(DemoConfig, overrides=["data.n_train=64", "data.n_sft=32", "rl.questions_per_step=65"])
+
+
 def test_cli_evaluates_the_exported_toy_model_from_a_fresh_interpreter(demo, tmp_path):
     # The toy's chat format is registered by the toy package; a user who points the CLI at the
     # toy's exported model must not need to import it first.
@@ -90,3 +118,13 @@ def test_cli_evaluates_the_exported_toy_model_from_a_fresh_interpreter(demo, tmp
         env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert len(open(f"{tmp_path}/samples.jsonl").readlines()) == 1
+
+
+def test_cli_tiny_preset_takes_overrides(monkeypatch, tmp_path):
+    import rstar2_jax.toy.demo as demo_module
+    from rstar2_jax.cli import main
+
+    started = []
+    monkeypatch.setattr(demo_module, "run_demo", started.append)
+    assert main(["demo", "--tiny", f"out={tmp_path}", "rl_steps=2"]) == 0
+    assert started == [dataclasses.replace(DemoConfig.tiny(str(tmp_path)), rl_steps=2)]

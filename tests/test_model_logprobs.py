@@ -40,16 +40,21 @@ def test_matches_log_softmax_of_forward(chunk_size):
 
 
 @pytest.mark.parametrize("remat", [False, True])
-def test_gradient_matches_gradient_through_forward(remat):
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.3])
+def test_gradient_matches_gradient_through_forward(remat, entropy_weight):
+    # With an entropy term too (an entropy bonus differentiates the entropy output).
     config, params = tiny_random_model("qwen3")
     tokens, targets, mask = _batch(config.vocab_size)
     weights = mask.astype(jnp.float32)
 
     def chunked_loss(p):
-        return jnp.sum(token_logprobs(p, config, tokens, targets, mask, chunk_size=8, remat=remat) * weights)
+        logp, entropy = token_logprobs(p, config, tokens, targets, mask, chunk_size=8, remat=remat,
+                                       return_entropy=True)
+        return jnp.sum((logp + entropy_weight * entropy) * weights)
 
     def reference_loss(p):
-        return jnp.sum(_reference(p, config, tokens, targets, mask, 1.0)[0] * weights)
+        logp, entropy = _reference(p, config, tokens, targets, mask, 1.0)
+        return jnp.sum((logp + entropy_weight * entropy) * weights)
 
     grads = jax.grad(chunked_loss)(params)
     ref_grads = jax.grad(reference_loss)(params)
@@ -73,12 +78,14 @@ def _largest_vocab_array(jaxpr, vocab) -> int:
     return largest
 
 
-def test_never_materialises_full_logits_forward_or_backward():
+@pytest.mark.parametrize("entropy", [False, True])
+def test_never_materialises_full_logits_forward_or_backward(entropy):
     config, params = tiny_random_model("qwen3", vocab_size=1000)
     tokens = jnp.zeros((2, 64), jnp.int32)
 
     def loss(p):
-        return token_logprobs(p, config, tokens, tokens, chunk_size=16).sum()
+        out = token_logprobs(p, config, tokens, tokens, chunk_size=16, return_entropy=entropy)
+        return sum(x.sum() for x in (out if entropy else (out,)))
 
     jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(params).jaxpr
     # [B, chunk, V] values are expected; nothing of the full [B, T, V] size.

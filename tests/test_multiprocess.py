@@ -170,6 +170,37 @@ def test_rl_eval_and_hard_subset_across_two_processes_match_one_process(rl_setup
     assert 0 < len(hard.splitlines()) < 16 and (d / "hard_two.jsonl").read_text() == hard
 
 
+def _start_claims_worker(*args):
+    """The 2 processes of tests/claims_worker.py, 1 CPU device each."""
+    address = f"127.0.0.1:{free_port()}"
+    worker = os.path.join(os.path.dirname(__file__), "claims_worker.py")
+    return [subprocess.Popen(
+        [sys.executable, worker, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                 JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
+                 JAX_PROCESS_ID=str(index)))
+        for index in range(2)]
+
+
+def test_hosts_taking_questions_from_a_shared_queue_sample_the_in_order_step():
+    # Process 1 takes one question and waits while process 0 takes the other five: each rolls
+    # out what it took, and the step they gather is, token for token and log-prob for log-prob,
+    # the one a single process samples in order.
+    children = _start_claims_worker()
+    outs = [c.communicate(timeout=600) for c in children]
+    assert [c.returncode for c in children] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    assert [json.loads(out.splitlines()[-1]) for out, _ in outs] == [[1, 2, 3, 4, 5], [0]]
+
+
+def test_a_host_dying_after_its_claim_stops_the_other_with_a_message():
+    children = _start_claims_worker("die")
+    _, err = children[0].communicate(timeout=600)
+    children[1].communicate(timeout=60)
+    assert children[1].returncode == 3
+    assert children[0].returncode != 0
+    assert "another task died" in err, err[-3000:]
+
+
 def test_launcher_runs_n_processes_and_stops_them_on_failure(capfd):
     # The toy demo does not run across processes yet: both processes join the run, then stop
     # with a message, and the launcher reports the failure.

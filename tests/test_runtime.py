@@ -1,9 +1,10 @@
 """RolloutRuntime: one entered object serves the pools and the samplers of a run."""
 import pytest
 
+from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.model import ModelConfig
 from rstar2_jax.runtime import RolloutRuntime
-from rstar2_jax.sampler import RolloutLimits, RolloutSettings, SamplingParams
+from rstar2_jax.sampler import RolloutLimits, RolloutSettings, SamplingParams, ToolLimits
 from rstar2_jax.train.configs import ModelSource, RLJobConfig, StageConfig
 from rstar2_jax.train.rl import run_rl
 
@@ -54,3 +55,27 @@ def test_rl_refuses_a_runtime_with_other_settings():
                          stage=StageConfig(name="s", steps=1, dataset="/nonexistent.jsonl"))
     with pytest.raises(ValueError, match="not the config's rollout settings"):
         run_rl(config, runtime=RolloutRuntime(SETTINGS))
+
+
+def test_a_job_config_sets_the_sandbox_limits():
+    settings = load_config(RolloutSettings, overrides=[
+        "num_slots=2", "sandbox_workers=1", "tool_timeout_s=30", "tool_limits.output_limit_bytes=4096",
+        "tool_limits.max_processes=8"])
+    assert settings.tool_limits == ToolLimits(output_limit_bytes=4096, max_processes=8)
+    with RolloutRuntime(settings) as runtime:
+        assert runtime.sandbox.submit("print('x' * 10000)", "").result().status == "output_limit"
+        assert runtime.sandbox.submit("print('x' * 1000)", "").result().status == "ok"
+    with pytest.raises(ConfigError, match="rollout.tool_limits: max_open_files below 16"):
+        load_config(RolloutSettings, overrides=["tool_limits.max_open_files=8"])
+    with pytest.raises(ConfigError, match="rollout.tool_limits: memory_bytes must be a positive integer"):
+        load_config(RolloutSettings, overrides=["tool_limits.memory_bytes=0"])
+
+
+def test_a_job_config_sets_the_pool_memory_bound():
+    settings = load_config(RolloutSettings, overrides=[
+        "sandbox_workers=2", f"tool_limits.pool_memory_bytes={2 * 2**30}"])
+    with RolloutRuntime(settings) as runtime:
+        assert runtime.sandbox.config.pool_memory_bytes == 2 * 2**30
+    # Two templates cannot each hold one call of 1 GiB (the default memory_bytes) in 1 GiB.
+    with pytest.raises(ConfigError, match="rollout.tool_limits: pool_memory_bytes .* must leave each of the 2 templates"):
+        load_config(RolloutSettings, overrides=["sandbox_workers=2", f"tool_limits.pool_memory_bytes={2**30}"])

@@ -394,6 +394,86 @@ print(libc.shmget(0x5EED, 0, 0), libc.mq_open(b'/rstar2-probe', os.O_RDONLY), 'r
     assert second.status == "ok" and second.stdout == "-1 -1 False 1\n", second
 
 
+# Creates an IPv6 flow label (the kernel keeps it in the network namespace for up to a minute
+# after its socket closes); prints the call's network namespace.
+SET_FLOW_LABEL = """import os, socket, struct
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+# struct in6_flowlabel_req: destination ::1, label, IPV6_FL_A_GET, IPV6_FL_S_EXCL, IPV6_FL_F_CREATE, expires, linger
+request = struct.pack('=16sIBBHHHI', socket.inet_pton(socket.AF_INET6, '::1'), socket.htonl(0x{label:05x}), 0, 1, 1, 60, 60, 0)
+try:
+    s.setsockopt(socket.IPPROTO_IPV6, 32, request)  # IPV6_FLOWLABEL_MGR
+except OSError:
+    pass
+print(os.readlink('/proc/self/ns/net'))"""
+READ_FLOW_LABELS = """import os
+path = '/proc/net/ip6_flowlabel'
+print(os.readlink('/proc/self/ns/net'), [line.split()[0] for line in open(path).readlines()[1:]] if os.path.exists(path) else [])"""
+
+
+def test_flow_labels_do_not_outlive_their_call(suite):
+    """An IPv6 flow label outlived its call in the slot's network namespace, where the slot's next
+    call (of any trajectory) read it in /proc/net/ip6_flowlabel. Two calls one after the other on
+    the same template and slot (each prints its namespace): the second finds no label."""
+    for label in (0x12345, 0xABCDE):
+        (first,) = _run_batch(suite, suite[6], [SET_FLOW_LABEL.format(label=label)])
+        (second,) = _run_batch(suite, suite[6], [READ_FLOW_LABELS])
+        assert first.status == second.status == "ok", (first, second)
+        assert second.stdout == f"{first.stdout.strip()} []\n", (first, second)
+
+
+# Writes a bit pattern into the page cache of a large file of the installation that no process
+# maps (evict every page, then read one byte of the pages whose bit is 1), or reads it back with
+# every probe that answers exactly; prints what it saw (an errno where a probe is refused).
+PAGE_CACHE_CHANNEL = """import ctypes, glob, os
+path = max(glob.glob(os.path.join(os.path.dirname(os.__file__), '**', '*.py'), recursive=True), key=os.path.getsize)
+fd = os.open(path, os.O_RDONLY)
+pages = [8 * i for i in range(8)]
+def probe(name, page):
+    try:
+        if name == 'preadv2':
+            os.preadv(fd, [bytearray(1)], page * 4096, os.RWF_NOWAIT)
+            return 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        vec = ctypes.create_string_buffer(1)
+        if libc.mincore(ctypes.c_void_p(libc.mmap(None, 4096, 1, 1, fd, page * 4096)), 4096, vec) == -1:
+            return 'errno %d' % ctypes.get_errno()
+        return vec.raw[0] & 1
+    except BlockingIOError:
+        return 0
+    except OSError as e:
+        return 'errno %d' % e.errno
+pattern = {pattern!r}
+try:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: one page per read
+    if pattern:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+except OSError:
+    pass
+for page, bit in zip(pages, pattern):
+    if bit:
+        os.pread(fd, 1, page * 4096)
+# mincore first: an RWF_NOWAIT read that misses starts reading the page in.
+seen = [] if pattern else [[probe(name, page) for page in pages] for name in ('mincore', 'preadv2')]
+print(os.readlink('/proc/self/ns/net'), seen)"""
+
+
+def test_page_cache_state_does_not_pass_between_calls(suite):
+    """Evicting the pages of an installation file and reading one byte of some set bits in the
+    page cache, shared by every call, which a later call on any slot read back exactly with
+    RWF_NOWAIT reads (or mincore). A writer call and then a reader call on the same template and
+    slot, for a pattern and its complement: the reader sees the same in both rounds."""
+    seen = []
+    for pattern in ((1, 0, 1, 1, 0, 0, 1, 0), (0, 1, 0, 0, 1, 1, 0, 1)):
+        (writer,) = _run_batch(suite, suite[6], [PAGE_CACHE_CHANNEL.format(pattern=pattern)])
+        (reader,) = _run_batch(suite, suite[6], [PAGE_CACHE_CHANNEL.format(pattern=())])
+        assert writer.status == reader.status == "ok", (writer, reader)
+        assert writer.stdout.split()[0] == reader.stdout.split()[0], (writer, reader)  # the same slot
+        seen.append(reader.stdout.split(maxsplit=1)[1])
+    assert seen[0] == seen[1], seen
+
+
 def test_many_concurrent_timeouts_then_trivial_calls(suite):
     """100 calls that sleep past their deadline on 64 slots run side by side, not one after
     another: each prints when it started, and many were running at the same moment. Then

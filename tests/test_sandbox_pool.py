@@ -195,6 +195,63 @@ def test_pool_is_an_executor_and_reports_counters(pool, short_pool, calls, statu
     assert health["healthy"] and health["live_workers"] == p.num_workers and health["in_flight"] == 0
 
 
+def _voluntary_switches(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_output_a_byte_at_a_time_wakes_the_template_at_most_every_10_ms():
+    """A call that wrote its output a byte at a time woke its template for every byte: 0.25-0.4 s
+    of CPU per call in the template, outside the call's CPU cgroup. The template reads a stream
+    that delivered little at most every 10 ms (two wakeups per stream and window: the window's
+    end and the data), and still gets every byte."""
+    with SandboxPool(num_workers=1, timeout_s=PATIENT_TIMEOUT_S) as pool:
+        pid = pool.health()["template_pids"][0]
+        before = _voluntary_switches(pid)
+        result = pool.run("import os, time\nfor _ in range(1000):\n    os.write(1, b'x')\n    os.write(2, b'y')\n"
+                          "    time.sleep(0.001)")
+        woken = _voluntary_switches(pid) - before
+    assert result.status == "ok" and result.stdout == "x" * 1000 and result.stderr == "y" * 1000, result
+    assert woken <= 4 * result.wall_s / 0.01 + 20, (woken, result.wall_s)
+
+
+def _rss_of_uids(first: int, last: int) -> int:
+    """Resident bytes of the processes whose real uid is in [first, last]."""
+    total = 0
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f)
+        except (OSError, ValueError):
+            continue
+        if first <= int(fields["Uid"].split()[0]) <= last and "VmRSS" in fields:
+            total += int(fields["VmRSS"].split()[0]) << 10
+    return total
+
+
+def test_the_calls_of_a_pool_together_stay_under_its_memory_bound():
+    """One batch of calls could hold cores x 8 x 1 GiB, as much as the whole host. Two calls of
+    300 MB, each under its own 400 MB limit, in a pool bounded at 500 MB: the second one's
+    memory (the first holds its own meanwhile) makes the kernel kill one of them."""
+    mib = 1 << 20
+    with SandboxPool(num_workers=1, slots_per_worker=2, timeout_s=PATIENT_TIMEOUT_S, memory_bytes=400 * mib,
+                     pool_memory_bytes=500 * mib) as pool:
+        assert pool.health()["memory_limit"].startswith("cgroup"), "this machine grants memory cgroups; see docs/sandbox.md"
+        holder = pool.submit("import time\nx = b'x' * (300 << 20)\ntime.sleep(100)")
+        uids = pool.health()["slot_uids"]
+        give_up = time.monotonic() + 120  # a guard against a hang, not a measurement
+        while _rss_of_uids(*uids) < 300 * mib and not holder.done() and time.monotonic() < give_up:
+            time.sleep(0.05)
+        second = pool.run("x = b'x' * (300 << 20)\nprint('held')")
+    statuses = (holder.result().status, second.status)
+    assert "memory" in statuses, (holder.result(), second)
+
+
+def test_pool_memory_bound_leaves_each_template_a_whole_call():
+    with pytest.raises(ValueError, match="pool_memory_bytes"):
+        SandboxPool(num_workers=2, memory_bytes=1 << 30, pool_memory_bytes=(1 << 31) - 1)
+
+
 def test_dead_template_fails_its_calls_and_is_replaced():
     with SandboxPool(num_workers=1, timeout_s=PATIENT_TIMEOUT_S) as pool:
         victim = pool.health()["template_pids"][0]

@@ -61,6 +61,30 @@ def test_replayed_output_is_silent_and_the_new_cell_speaks(pool):
         assert result.status == "ok" and result.stdout == "42\n" and result.stderr == "", result
 
 
+@pytest.mark.parametrize("noisy", [
+    # writes to every descriptor it finds, among them those that held stdout and stderr
+    "import os\nfor fd in range(3, 128):\n    try:\n        os.write(fd, b'leak')\n    except OSError:\n        pass",
+    # an interval timer whose handler prints
+    "import signal\nsignal.signal(signal.SIGALRM, lambda *_: print('tick', flush=True))\n"
+    "signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)",
+    # a thread that prints (through sys.stdout and to descriptor 2), and starts another that does
+    "import os, threading, time\ndef talk():\n    while True:\n        print('thread', flush=True)\n"
+    "        os.write(2, b'raw')\n        time.sleep(0.01)\ndef start():\n    time.sleep(0.05)\n    talk()\n"
+    "threading.Thread(target=talk, daemon=True).start()\nthreading.Thread(target=lambda: threading.Thread(target=start).start()).start()",
+    # garbage with a finalizer that prints
+    "class Loud:\n    def __del__(self):\n        print('finalized', flush=True)\nx = Loud()\nx.me = x\ndel x",
+], ids=["saved_descriptors", "interval_timer", "threads", "finalizer"])
+def test_what_replayed_cells_leave_running_stays_silent(pool, noisy):
+    """The replay was silent only while it ran: the descriptors that saved stdout and stderr,
+    interval timers, threads and finalizers left by earlier cells printed into the new cell's
+    output. The new cell's output is its own, and it can still start threads of its own."""
+    with pool.session() as session:
+        assert session.run(noisy).status == "ok"
+        result = session.run("import gc, threading, time\ntime.sleep(0.3)\ngc.collect()\n"
+                             "t = threading.Thread(target=print, args=('mine',))\nt.start()\nt.join()")
+        assert result.status == "ok" and result.stdout == "mine\n" and result.stderr == "", result
+
+
 def test_replayed_cells_read_their_own_stdin(pool):
     with pool.session() as session:
         assert session.run("a = int(input())", "5\n").status == "ok"

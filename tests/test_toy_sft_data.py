@@ -256,10 +256,10 @@ def test_sft_sequence_length_follows_the_demonstrations(tmp_path, problems):
     for i, prefix in enumerate(prefixes):
         path = tmp_path / f"sft{i}.jsonl"
         sft_data.save_demos(path, demos[prefix])
-        seq_len = sft_seq_len(path, tokenizer, max_len=4096)
+        seq_len = sft_seq_len(Conversations(str(path), tokenizer, TOY_FORMAT, 4096), max_len=4096)
         longest = max(len(ids) for ids, _ in Conversations(str(path), tokenizer, TOY_FORMAT, seq_len))
         assert longest <= seq_len < longest + 16
         seq_lens.append(seq_len)
     assert seq_lens[0] < seq_lens[1]
-    with pytest.raises(ValueError, match=r"more than seq_len=64"):
-        sft_seq_len(path, tokenizer, max_len=64)
+    with pytest.raises(ValueError, match=r"more than seq_len=64"):  # the model's positions
+        Conversations(str(path), tokenizer, TOY_FORMAT, 64)

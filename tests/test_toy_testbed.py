@@ -296,3 +296,18 @@ def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
         Config(arms={"../x": Arm()})
     with pytest.raises(ValueError, match="seeds"):
         Config(seeds=[1, 1])
+
+
+def test_the_script_takes_overrides_after_only(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "experiments" / "toy" / "testbed.py"
+    spec = importlib.util.spec_from_file_location("testbed_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for argv in (["--only", "grpo_roc,grpo_2g", f"out={tmp_path}", "seeds=[4]"],
+                 [f"out={tmp_path}", "--only", "grpo_roc,grpo_2g", "seeds=[4]"]):
+        cfg = script.parse(argv)
+        assert (cfg.out, cfg.seeds, list(cfg.arms)) == (str(tmp_path), [4], ["grpo_roc", "grpo_2g"])
+    with pytest.raises(SystemExit):
+        script.parse(["--only", "nope", f"out={tmp_path}"])

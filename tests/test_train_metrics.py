@@ -5,7 +5,7 @@ import time
 import pytest
 from tensorboardX.proto import event_pb2
 
-from rstar2_jax.train.metrics import MetricsLogger, PhaseTimer, read_metrics
+from rstar2_jax.train.metrics import MetricsLogger, PhaseTimer, progress_fields, read_metrics
 
 
 def _tensorboard_scalars(run_dir):
@@ -54,3 +54,13 @@ def test_phase_timer_adds_up_repeated_phases():
     assert set(split) == {"time/tools", "time/update"}
     assert split["time/tools"] >= 0.02 > split["time/update"]
     assert timer.split() == {}
+
+
+def test_progress_line_shows_the_rl_reward_and_warns_when_nothing_was_kept():
+    # The names the RL loop logs (rl_data.rollout_metrics, the update's loss).
+    step = {"loss": 0.25, "reward/mean": 0.125, "reward/question_accuracy": 0.5, "groups/kept": 3.0,
+            "time/update_s": 1.0}
+    assert progress_fields(step) == {"loss": "0.25", "reward": "0.125", "solved": "0.5", "kept_groups": "3"}
+    nothing = progress_fields({"reward/mean": 0.0, "reward/question_accuracy": 0.0, "groups/kept": 0.0})
+    assert nothing["kept_groups"] == "0" and nothing["warning"] == "no group kept, no update"
+    assert progress_fields({"loss": float("nan")})["non-finite"] == "loss"

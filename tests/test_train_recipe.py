@@ -1,5 +1,6 @@
 """The paper's staged recipe: configs load, and the three stages chain (init_from, optimizer
-reset, continued step count) with one RL update each on a tiny random checkpoint."""
+reset, continued step count) with one RL update each on a tiny random checkpoint; a stage's
+reference policy is its initial weights, fresh or resumed."""
 from pathlib import Path
 
 import jax
@@ -7,8 +8,9 @@ import numpy as np
 import pytest
 
 from rstar2_jax.config import load_config
-from rstar2_jax.model import ModelConfig, init_params, save_hf
+from rstar2_jax.model import ModelConfig, init_params, load_hf, save_hf
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
+from rstar2_jax.train.rl import reference_params
 from rstar2_jax.train.rl_update import RLUpdate
 from rstar2_jax.train.run import start_run
 
@@ -107,3 +109,49 @@ def test_each_paper_stage_runs_one_rl_step(tmp_path, stage):
     (record,) = read_metrics(tmp_path / "run")
     assert record["step"] == 1 and record["groups/total"] == 2
     assert record["response/length_max"] <= 16
+
+
+def test_the_reference_is_the_stage_initial_weights_fresh_and_resumed(tmp_path):
+    # rl.reference of a stage: its initial weights, whether the run starts fresh or resumes
+    # (the params have moved by then), from the previous stage's checkpoint or from model.path.
+    save_hf(tmp_path / "model", MODEL, init_params(MODEL, jax.random.key(0)))
+    ends = {}
+
+    def run_stage(name, steps, init_from=None):
+        overrides = [f"model.path={tmp_path / 'model'}", f"run_dir={tmp_path / name}",
+                     "stage.name=s", f"stage.steps={steps}", "stage.dataset=unused.jsonl",
+                     "checkpoint.every=1", "mesh.fsdp=4", "mesh.tp=2", "optimizer.lr=1e-2",
+                     "optimizer.warmup_steps=1", "rl.reference=true", "rl.kl_coef=0.1"]
+        if init_from:
+            overrides.append(f"stage.init_from={tmp_path / init_from}")
+        cfg = load_config(RLJobConfig, overrides=overrides)
+        run = start_run(run_dir=cfg.run_dir, model=cfg.model, optimizer=cfg.optimizer,
+                        total_steps=cfg.stage.steps, job_config=cfg, seed=cfg.seed, mesh=cfg.mesh,
+                        checkpoint=cfg.checkpoint, init_from=cfg.stage.init_from, progress=False)
+        reference = reference_params(cfg, run)
+        update = RLUpdate(run.compute_config, cfg.rl, run.optimizer, mesh=run.mesh,
+                          param_specs=run.param_specs, params=run.state.params, reference=reference)
+        step = run.step
+        state, metrics = update(run.state, _batch(seed=step))  # donates run.state
+        run.finish_step(state, metrics, rng=run.rng, data_position={"question": step + 1})
+        ends[name] = jax.tree.map(np.asarray, state.params)
+        run.close()
+        return jax.tree.map(np.asarray, reference), metrics
+
+    _, initial = load_hf(tmp_path / "model")
+    reference, first = run_stage("one", 2)
+    _assert_same(reference, initial)
+    assert first["ref_kl"] == 0.0  # the policy is the reference before its first update
+    reference, resumed = run_stage("one", 2)  # resumed at step 1 of 2
+    _assert_same(reference, initial)
+    assert resumed["ref_kl"] > 0 and resumed["kl_loss"] > 0
+    stage_one = ends["one"]
+    reference, _ = run_stage("two", 2, init_from="one")
+    _assert_same(reference, stage_one)
+    reference, _ = run_stage("two", 2, init_from="one")  # resumed
+    _assert_same(reference, stage_one)
+
+
+def _assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

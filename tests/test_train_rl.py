@@ -1,6 +1,7 @@
 """The RL loop end to end: a tiny model, the real sandbox and verifier, a few GRPO-RoC steps,
-a stopped-then-resumed run that repeats the uninterrupted one, and one step each with an
-advantage estimator and a policy loss written here, outside the package."""
+a stopped-then-resumed run that repeats the uninterrupted one, one step each with an advantage
+estimator and a policy loss written here, outside the package, and the entropy bonus and KL
+penalty to the reference, written by a user (tests/user_algorithms.py) or set as options."""
 import dataclasses
 
 import jax
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from rl_setup import PROBLEMS, rl_overrides, write_rl_setup
+from user_algorithms import ENTROPY_GRPO
 from rstar2_jax import chat
 from rstar2_jax.algorithms import GRPO, GRPO_ROC, Rollouts
 from rstar2_jax.config import load_config
@@ -128,6 +130,47 @@ def test_a_policy_loss_from_user_code_trains_one_step(sft_model):
     assert record["rollouts/kept"] == record["groups/kept"] * 8  # GRPO keeps all 2G
     assert "clip_low_frac" not in record  # GRPO's loss metrics are gone with its loss
     assert _moved(before, state.params) > 1e-4
+
+
+def test_an_entropy_bonus_from_user_code_trains_one_step(sft_model):
+    d = sft_model
+    _, before = load_hf(d / "sft_model")
+    state = run_rl(_rl_config(d, "entropy", 1, "rl.mini_batches=1"), algorithm=ENTROPY_GRPO,
+                   progress=False)
+    [record] = read_metrics(d / "entropy")
+    # One update on policy: the entropy the loss saw (from its own forward, with a gradient) is
+    # the policy's entropy the step logs (from the old log-prob pass), token mean.
+    assert record["mine/entropy"] == pytest.approx(record["entropy"], rel=1e-4)
+    assert record["entropy"] > 0 and record["tokens"] > 0
+    assert _moved(before, state.params) > 1e-4
+
+
+def test_a_kl_penalty_from_user_code_trains_against_the_reference_and_resumes_exactly(sft_model):
+    d = sft_model
+    _, before = load_hf(d / "sft_model")
+    kl = ("rl.algorithm=user_algorithms:KL_GRPO", "rl.reference=true")
+    full = run_rl(_rl_config(d, "kl", 2, *kl), progress=False)
+    first, second = read_metrics(d / "kl")
+    # The reference is the stage's initial weights: no KL before the first update, some after.
+    assert first["ref_kl"] == 0.0
+    assert second["ref_kl"] > 1e-6
+    assert first["mine/kl"] > 0  # the second mini-batch of step 1 sees a moved policy
+    assert _moved(before, full.params) > 1e-4
+    # A resumed run reads the reference again from model.path: the same steps.
+    run_rl(_rl_config(d, "kl_resumed", 1, *kl), progress=False)
+    resumed = run_rl(_rl_config(d, "kl_resumed", 2, *kl), progress=False)
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(resumed.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    assert read_metrics(d / "kl_resumed")[1]["ref_kl"] == pytest.approx(second["ref_kl"], rel=1e-5)
+
+
+def test_the_entropy_bonus_and_kl_penalty_options_train_a_named_algorithm(sft_model):
+    d = sft_model
+    run_rl(_rl_config(d, "options", 1, "rl.mini_batches=1", "rl.entropy_coef=0.01",
+                      "rl.kl_coef=0.1", "rl.kl_penalty=k2", "rl.reference=true"), progress=False)
+    [record] = read_metrics(d / "options")
+    assert record["entropy_loss"] == pytest.approx(record["entropy"], rel=1e-4)
+    assert record["kl_loss"] == 0.0 == record["ref_kl"]  # one update, from the reference itself
 
 
 def test_a_share_of_the_questions_draws_what_it_draws_in_the_whole_step(sft_model):

@@ -174,6 +174,19 @@ def test_error_ratios_are_missing_not_zero_when_undefined():
     assert "tools/error_ratio_positives" not in m and m["rollouts/positives"] == 1
 
 
+def test_advantage_statistics_over_the_kept_rollouts():
+    trajs = [trajectory() for _ in range(6)]
+    lengths = np.array([len(t.response_ids) for t in trajs])
+    r = rollout_arrays(trajs, np.zeros((2, 3)))
+    kept = KeptRollouts(np.array([0, 1, 3, 4]), np.array([1.0, -1.0, 0.0, 0.5], np.float32), groups=2)
+    m = rollout_metrics(r, kept, lengths)
+    assert {k: m[k] for k in m if k.startswith("advantages/")} == {
+        "advantages/mean": pytest.approx(0.125), "advantages/abs_mean": pytest.approx(0.625),
+        "advantages/min": -1.0, "advantages/max": 1.0, "advantages/nonzero_frac": 0.75}
+    nothing = KeptRollouts(np.zeros((0,), np.int64), np.zeros((0,), np.float32), groups=0)
+    assert not any(k.startswith("advantages/") for k in rollout_metrics(r, nothing, lengths))
+
+
 def test_a_custom_algorithm_needs_no_trainer_change():
     # Rewards minus the group's best: a pure function passed by value.
     def below_best(kept):

@@ -1,6 +1,7 @@
 """RL update on a prepared batch: sharded == single device, padding-invariance, metrics, the
-rollout correction, the check before the first optimizer step, and packed rows == one rollout
-per row for every loss."""
+rollout correction, the check before the first optimizer step, the entropy bonus, KL penalty
+and reference policy (nothing changes while they are off), and packed rows == one rollout per
+row for every loss."""
 import functools
 
 import jax
@@ -8,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss
+from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss, regularized
+from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.configs import OptimizerConfig, RLConfig
@@ -16,7 +18,7 @@ from rstar2_jax.train.optim import make_optimizer
 from rstar2_jax.train import rl_update
 from rstar2_jax.train.packing import PackShapes
 from rstar2_jax.train.rl_update import RLUpdate
-from rstar2_jax.train.step import init_train_state
+from rstar2_jax.train.step import init_train_state, make_train_step
 
 MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
@@ -192,20 +194,25 @@ def _packed_and_padded(batch, groups=1):
     params = init_params(MODEL, jax.random.key(0))
     old = np.asarray(token_logprobs(params, MODEL, padded["inputs"], padded["targets"],
                                     padded["attention_mask"]))
-    return ({k: jnp.asarray(v) for k, v in (padded | {"old_logp": old - 0.05}).items()},
-            {k: jnp.asarray(v) for k, v in (packed | {"old_logp": old - 0.05}).items()}, params)
+    per_target = {"old_logp": old - 0.05, "ref_logp": old + 0.3 * np.sin(np.arange(old.size)).reshape(old.shape)}
+    return ({k: jnp.asarray(v) for k, v in (padded | per_target).items()},
+            {k: jnp.asarray(v) for k, v in (packed | per_target).items()}, params)
 
 
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOSSES = ([(name, algorithm.loss) for name, algorithm in ALGORITHMS.items()]
-          + [(mode, functools.partial(policy_loss, loss_agg_mode=mode)) for mode in
-             ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")])
+          + [(mode, functools.partial(policy_loss, loss_agg_mode=mode)) for mode in MODES]
+          + [(f"{mode}+entropy+kl", regularized(functools.partial(policy_loss, loss_agg_mode=mode),
+                                                 entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3"))
+             for mode in MODES])
 
 
 @pytest.mark.parametrize("name, loss", LOSSES, ids=[name for name, _ in LOSSES])
 def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per_row(name, loss):
-    """Every registry algorithm's loss and every aggregation mode: the same loss sum, count,
-    metric sums and gradients from packed rows as from one rollout per row, with per-rollout
-    and per-token (rollout-correction) advantages."""
+    """Every registry algorithm's loss and every aggregation mode, alone and with the entropy
+    bonus (entropy with its gradient) and the KL penalty to reference log-probs: the same loss
+    sum, count, metric sums and gradients from packed rows as from one rollout per row, with
+    per-rollout and per-token (rollout-correction) advantages."""
     batch = _batch(6)
     batch["loss_mask"][3] = 0  # a rollout with nothing to train on, as padding rows are
     padded, packed, params = _packed_and_padded(batch)
@@ -248,3 +255,118 @@ def test_a_packed_update_equals_the_padded_one(rl):
         assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
     for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one():
+    batch = _batch(8)
+    rl = dict(entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3", micro_batch_size=2)
+    padded, m = _reference_update(batch, 0.05, packed=False, **rl)
+    packed, p_m = _reference_update(batch, 0.05, packed=True, **rl)
+    assert p_m.keys() == m.keys() and {"entropy_loss", "kl_loss", "ref_kl"} <= m.keys()
+    for k in m:
+        assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+def test_mini_batch_metrics_combine_by_the_step_rule():
+    from rstar2_jax.train.rl_update import _combine
+
+    updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0},
+               {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0}]
+    assert _combine(updates) == {"lr": 2.0, "grad_norm": 2.0, "ratio_max": 1.5, "ratio_min": 0.5,
+                                 "kl": 1.0}  # kl: (4 * 1 + 0 * 3) / 4 tokens
+
+
+# --- the entropy bonus, the KL penalty and the reference ----------------------------------------
+
+def _plain_update(batch, loss, lr=3e-2):
+    """One update through the loss contract as it was before extra inputs existed: old log-probs
+    by one forward, then a train step calling ``loss(logp, old_logp, advantages, mask)``."""
+    mesh = make_mesh(1, 1)
+    opt = make_optimizer(OptimizerConfig(lr=lr, warmup_steps=1), total_steps=10)
+    specs = param_specs(MODEL, mesh)
+    params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
+    state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
+    tokens, attention = batch["tokens"], batch["attention_mask"]
+    lengths = attention[:, :-1].sum(axis=1)
+
+    def logprobs(p):
+        return token_logprobs(p, MODEL, tokens[:, :-1], tokens[:, 1:], lengths=lengths)
+
+    rows = {"old_logp": logprobs(state.params), "advantages": batch["advantages"],
+            "mask": batch["loss_mask"][:, 1:].astype(bool)}
+
+    def loss_fn(p, mb):
+        return loss(logprobs(p), mb["old_logp"], mb["advantages"], mb["mask"])
+
+    step = make_train_step(loss_fn, opt, mesh=mesh, param_specs=specs, params=params)
+    return step(state, rows)
+
+
+@pytest.mark.parametrize("name", sorted({a.loss: n for n, a in ALGORITHMS.items()}.values()))
+def test_with_both_terms_off_every_algorithm_updates_as_through_the_plain_loss(name):
+    batch = _batch(8)
+    loss = ALGORITHMS[name].loss
+    # Padded rows as the plain path's (packed = padded: the packed tests below, at an lr that
+    # keeps Adam from turning float summation noise into a visible step).
+    state, metrics = _update(batch, make_mesh(1, 1), algorithm=name, packed=False)
+    plain_state, plain = _plain_update(batch, loss)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(plain_state.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    # The train step's `tokens` is the loss's count; the update reports the step's loss tokens.
+    plain = {k: v for k, v in jax.device_get(plain).items() if k != "tokens"}
+    assert {k for k in metrics if k in plain} == set(plain)  # no metric lost, none added
+    assert "entropy_loss" not in metrics and "kl_loss" not in metrics and "ref_kl" not in metrics
+    for k in plain:
+        assert metrics[k] == pytest.approx(float(plain[k]), rel=1e-5, abs=1e-7), k
+
+
+def _reference_update(batch, reference, **rl):
+    """One update with a reference policy: ``reference`` is the init params moved by noise of
+    that scale (0: the init itself)."""
+    mesh = make_mesh(1, 1)
+    config = RLConfig(reference=True, **rl)
+    opt = make_optimizer(OptimizerConfig(lr=3e-2, warmup_steps=1), total_steps=10)
+    specs = param_specs(MODEL, mesh)
+    init = init_params(MODEL, jax.random.key(0))
+    leaves, tree = jax.tree.flatten(init)
+    keys = jax.random.split(jax.random.key(7), len(leaves))
+    moved = tree.unflatten([x + reference * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+    params = shard_params(init, MODEL, mesh)
+    state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
+    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params,
+                      reference=shard_params(moved, MODEL, mesh))
+    return update(state, batch)
+
+
+def test_entropy_bonus_and_kl_penalty_enter_the_update_as_the_loss_aggregates():
+    batch = _batch(8)
+    _, off = _reference_update(batch, 0.05)
+    _, on = _reference_update(batch, 0.05, entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3",
+                              micro_batch_size=2)
+    # One mini-batch, on policy: the surrogate is -mean(A) over tokens whatever the terms; the
+    # terms are the loss forward's token-mean entropy and k3 KL, which are what the old pass saw.
+    assert on["entropy_loss"] == pytest.approx(on["entropy"], rel=1e-5)
+    assert on["kl_loss"] == pytest.approx(on["ref_kl"], rel=1e-5)
+    assert on["ref_kl"] == pytest.approx(off["ref_kl"], rel=1e-6) and on["ref_kl"] > 1e-4
+    assert on["loss"] == pytest.approx(off["loss"] - 0.1 * on["entropy"] + 0.5 * on["ref_kl"], rel=1e-5)
+    assert "entropy_loss" not in off and "kl_loss" not in off
+
+
+def test_the_reference_at_the_initial_weights_has_no_kl():
+    _, m = _reference_update(_batch(4), 0.0, kl_coef=1.0, kl_penalty="k3")
+    assert m["ref_kl"] == pytest.approx(0.0, abs=1e-7) and m["kl_loss"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_a_loss_that_takes_ref_logp_needs_a_reference():
+    def mine(logp, old_logp, advantages, mask, *, ref_logp):
+        return policy_loss(logp, old_logp, advantages, mask)
+
+    with pytest.raises(ConfigError, match="rl.reference=true"):
+        _update(_batch(4), make_mesh(1, 1), loss=mine)
+    with pytest.raises(ValueError, match="reference"):
+        _update(_batch(4), make_mesh(1, 1), reference=True)  # and none given
+    with pytest.raises(ConfigError, match="loss_agg_mode"):
+        _update(_batch(4), make_mesh(1, 1), entropy_coef=0.1,
+                loss=lambda logp, old_logp, advantages, mask: policy_loss(logp, old_logp, advantages, mask))

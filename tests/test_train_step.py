@@ -7,7 +7,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 from rstar2_jax.train.configs import OptimizerConfig
 from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train.step import accumulate_gradients, init_train_state, make_train_step
+from rstar2_jax.train.step import accumulate_gradients, init_train_state, make_train_step, metric_reduction
 
 V, E = 16, 8
 
@@ -26,7 +26,7 @@ def _masked_ce(params, batch):
     logp = jax.nn.log_softmax(logits)
     token_logp = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
     mask = batch["mask"].astype(jnp.float32)
-    metrics = {"logp_sum": (token_logp * mask).sum(), "logit_max": logits.max()}
+    metrics = {"logp_sum": (token_logp * mask).sum(), "logit_max": logits.max(), "logit_min": logits.min()}
     return -(token_logp * mask).sum(), mask.sum(), metrics
 
 
@@ -54,6 +54,9 @@ def test_micro_batches_give_the_global_token_mean_gradient():
         # "_max" metrics are maxima over micro-batches, not sums.
         full_max = (params["embed"][batch["tokens"]] @ params["out"]).max()
         np.testing.assert_allclose(float(metrics["logit_max"]), float(full_max), rtol=1e-6)
+        # and "_min" ones minima (they were summed like any other name).
+        full_min = (params["embed"][batch["tokens"]] @ params["out"]).min()
+        np.testing.assert_allclose(float(metrics["logit_min"]), float(full_min), rtol=1e-6)
         for name in params:
             np.testing.assert_allclose(grads[name], expected[name], rtol=1e-5, atol=1e-6)
 
@@ -97,3 +100,13 @@ def test_sharded_step_matches_single_device():
     # The update did something: params moved and the lr followed the schedule.
     assert not np.allclose(np.asarray(single.params["out"]), np.asarray(_params(jax.random.key(0))["out"]))
     assert single_hist[0]["lr"] == pytest.approx(1e-2)
+
+
+def test_maxima_and_minima_are_not_divided_by_the_token_count():
+    params, batch = _params(jax.random.key(0)), _batch(jax.random.key(10))
+    _, (metrics,) = _run(1, micro_batches=4)
+    logits = params["embed"][batch["tokens"]] @ params["out"]
+    assert metrics["logit_max"] == pytest.approx(float(logits.max()), rel=1e-6)
+    assert metrics["logit_min"] == pytest.approx(float(logits.min()), rel=1e-6)
+    assert [metric_reduction(n) for n in ("ratio_max", "ratio_min", "entropy", "min_len")] == [
+        "max", "min", "mean", "mean"]

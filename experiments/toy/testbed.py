@@ -2,7 +2,7 @@
 
     python experiments/toy/testbed.py                              # 3 arms x 3 seeds, runs/testbed
     python experiments/toy/testbed.py out=runs/small seeds=[0] demo.rl_steps=10
-    python experiments/toy/testbed.py --only grpo_2g               # these arms only, for now
+    python experiments/toy/testbed.py --only grpo_2g out=runs/tb   # these arms only, for now
     python experiments/toy/testbed.py arms.dr_grpo.algorithm=dr_grpo          # add an arm
     python experiments/toy/testbed.py arms.mine.algorithm=my_module:MINE arms.mine.oversample=1
     python experiments/toy/testbed.py --config experiments/toy/testbed_sessions.yaml  # session environment
@@ -20,12 +20,14 @@ import dataclasses
 from rstar2_jax.config import load_config
 from rstar2_jax.toy.testbed import TestbedConfig, run_testbed
 
-if __name__ == "__main__":
+def parse(argv: list[str] | None = None) -> TestbedConfig:
+    """The grid the command line asks for; options and overrides may come in any order."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated arm names to run and summarise")
     parser.add_argument("--config", help="YAML file of TestbedConfig settings, applied before the overrides")
     parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig")
-    args = parser.parse_args()
+    # Intermixed: `--only a,b out=X` gives the overrides after the option too.
+    args = parser.parse_intermixed_args(argv)
     cfg = load_config(TestbedConfig, args.config, args.overrides)
     if args.only:
         names = args.only.split(",")
@@ -33,5 +35,10 @@ if __name__ == "__main__":
         if unknown:
             parser.error(f"--only names unknown arms {unknown}; the arms are {', '.join(cfg.arms)}")
         cfg = dataclasses.replace(cfg, arms={name: cfg.arms[name] for name in names})
+    return cfg
+
+
+if __name__ == "__main__":
+    cfg = parse()
     run_testbed(cfg)
     print(open(f"{cfg.out}/summary.md").read())

@@ -11,7 +11,9 @@ One RL step of GRPO-RoC, per question with 2G rollouts (docs/algorithms.md):
 Named variants (GRPO, GRPO-RoC paper / released, Dr. GRPO, GSPO, DAPO, RLOO,
 REINFORCE++-baseline, CISPO, GPG, GMPO, SAPO) are in `variants`; a config picks one with
 ``rl.algorithm`` (`resolve_algorithm`). The rollout correction for the sampler/trainer gap, an
-option of any of them, is in `correction` (``rl.rollout_correction``).
+option of any of them, is in `correction` (``rl.rollout_correction``); the entropy bonus and
+the KL penalty to a reference policy, options of any of them too, in `regularizers`
+(``rl.entropy_coef``, ``rl.kl_coef``).
 """
 from rstar2_jax.algorithms.advantages import (
     dr_grpo_advantages,
@@ -21,7 +23,14 @@ from rstar2_jax.algorithms.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from rstar2_jax.algorithms.algorithm import Algorithm, Rollouts, Selection, group_index
+from rstar2_jax.algorithms.algorithm import (
+    LOSS_INPUTS,
+    Algorithm,
+    Rollouts,
+    Selection,
+    group_index,
+    loss_inputs,
+)
 from rstar2_jax.algorithms.correction import (
     RolloutCorrection,
     apply_correction,
@@ -30,7 +39,13 @@ from rstar2_jax.algorithms.correction import (
     mismatch_metrics,
     ratio_in_range,
 )
-from rstar2_jax.algorithms.loss import policy_loss
+from rstar2_jax.algorithms.loss import aggregate, policy_loss
+from rstar2_jax.algorithms.regularizers import (
+    KL_PENALTIES,
+    kl_penalty,
+    loss_aggregation,
+    regularized,
+)
 from rstar2_jax.algorithms.roc import (
     RULES,
     paper_penalty_terms,
@@ -80,6 +95,8 @@ __all__ = [
     "GRPO_ROC",
     "GRPO_ROC_RELEASED",
     "GSPO",
+    "KL_PENALTIES",
+    "LOSS_INPUTS",
     "REINFORCE_PP_BASELINE",
     "RLOO",
     "RULES",
@@ -87,6 +104,7 @@ __all__ = [
     "Rollouts",
     "SAPO",
     "Selection",
+    "aggregate",
     "apply_correction",
     "cispo_loss",
     "dr_grpo_advantages",
@@ -100,7 +118,10 @@ __all__ = [
     "importance_weights",
     "keep_all",
     "keep_every_group",
+    "kl_penalty",
     "log_ratios",
+    "loss_aggregation",
+    "loss_inputs",
     "mismatch_metrics",
     "nonuniform_group_mask",
     "overlong_filtered",
@@ -108,6 +129,7 @@ __all__ = [
     "penalty_terms",
     "policy_loss",
     "ratio_in_range",
+    "regularized",
     "reinforce_pp_baseline_advantages",
     "released_penalty_terms",
     "resolve_algorithm",

@@ -18,8 +18,25 @@ micro-batch of the update; nothing else about the algorithm is written in the tr
    ``sum(loss_sum) / sum(count)`` over micro-batches, so ``count`` is what the loss is averaged
    over (tokens, or sequences) and must add up across micro-batches; padding rows (all-False
    mask) must add 0 to both. Each ``metric_sums`` value is a float32 scalar that the train step
-   divides by the same total ``count``, except names ending in ``_max``, which are maxima. It
+   divides by the same total ``count``, except names ending in ``_max`` (maxima) or ``_min``
+   (minima; `rstar2_jax.train.step.metric_reduction`). It
    must be jit-able and differentiable in ``logp``.
+
+   A loss that needs more per-token inputs declares them as parameters by name, and the trainer
+   passes them as keyword arguments (`LOSS_INPUTS`); a loss that declares none is called with
+   the four above, as always:
+
+   - ``entropy`` ``[rows, seq]`` float32: the entropy (nats) of the policy's tempered
+     next-token distribution at each position, from the same forward as ``logp`` and
+     differentiable like it (an entropy bonus subtracts it).
+   - ``ref_logp`` ``[rows, seq]`` float32: the log-probs of the same tokens under the reference
+     policy (the stage's initial weights, frozen; a constant). Only a run with
+     ``rl.reference=true`` has one; another run refuses the loss before it starts.
+
+   Like ``logp`` they hold garbage where ``mask`` is False.
+
+The entropy bonus and the KL penalty to the reference are also options of any algorithm
+(``rl.entropy_coef``, ``rl.kl_coef``: `rstar2_jax.algorithms.regularizers`).
 
 A new estimator is one pure function passed by value, e.g.
 ``dataclasses.replace(GRPO_ROC, advantages=my_advantages)``; `rstar2_jax.algorithms.variants`
@@ -28,6 +45,7 @@ holds the named ones a config can pick (``rl.algorithm``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable, NamedTuple
 
 import jax
@@ -61,6 +79,27 @@ class Rollouts(NamedTuple):
     answer_tags: np.ndarray
     turns: np.ndarray
 
+    @classmethod
+    def from_rewards(cls, rewards, **fields) -> Rollouts:
+        """Rollouts of ``rewards`` (any shape, e.g. ``[questions, n]``) that are otherwise alike:
+        one model turn of 1 token with its answer block, no tool call, not truncated; each of
+        ``fields`` (any other field by name, a value broadcast to the rewards' shape) replaces
+        its default. For tests and examples, e.g. of an estimator that reads only the rewards::
+
+            Rollouts.from_rewards([[1, 0, 0, 1]], tool_calls=[[1, 2, 0, 0]])
+        """
+        rewards = np.asarray(rewards, np.float32)
+        unknown = set(fields) - set(cls._fields)
+        if unknown or "rewards" in fields:
+            raise TypeError(f"Rollouts has no field(s) {sorted(unknown | ({'rewards'} & set(fields)))} "
+                            f"to set beside the rewards; its fields are {cls._fields}")
+        defaults = {"lengths": (1, np.int32), "truncated": (False, bool), "tool_calls": (0, np.int32),
+                    "tool_errors": (0, np.int32), "tool_error_mentions": (0, np.int32),
+                    "answer_blocks": (1, np.int32), "answer_tags": (2, np.int32), "turns": (1, np.int32)}
+        return cls(rewards, **{name: np.broadcast_to(np.asarray(fields.get(name, value), dtype),
+                                                     rewards.shape).copy()
+                               for name, (value, dtype) in defaults.items()})
+
     def take(self, index: np.ndarray) -> Rollouts:
         """Rollouts at ``index`` (any shape) into the flattened ``[questions * n]`` rollouts."""
         index = np.asarray(index)
@@ -82,8 +121,10 @@ class Selection(NamedTuple):
 
 SelectFn = Callable[[jax.Array, Rollouts, int], Selection]
 AdvantageFn = Callable[[Rollouts], jax.Array]
-LossFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array],
-                  tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+LossFn = Callable[..., tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+
+# The per-token inputs a loss may declare beyond (logp, old_logp, advantages, mask).
+LOSS_INPUTS = ("entropy", "ref_logp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +134,16 @@ class Algorithm:
     select: SelectFn
     advantages: AdvantageFn
     loss: LossFn
+
+
+def loss_inputs(loss: LossFn) -> tuple[str, ...]:
+    """The names of `LOSS_INPUTS` that ``loss`` declares as parameters (through a
+    ``functools.partial`` too), in `LOSS_INPUTS` order."""
+    try:
+        parameters = inspect.signature(loss).parameters
+    except (TypeError, ValueError):  # a callable without a signature takes the four only
+        return ()
+    return tuple(name for name in LOSS_INPUTS if name in parameters)
 
 
 def group_index(questions: np.ndarray, local: np.ndarray, n: int) -> np.ndarray:

@@ -11,8 +11,8 @@ unlikely tokens. The gradient of l_t with respect to logp_t is -A * r where the 
 is the minimum and 0 where the clipped one is: for A > 0 once r > 1 + eps_high, for A < 0 once
 r < 1 - eps_low. Optional dual clip (Ye et al. 2020) bounds the loss of a negative-advantage token at
 -dual_clip * A, so a token whose probability already grew a lot cannot produce an unbounded step.
-No KL and no entropy term by default (the paper removed both); a k3 KL penalty to a reference
-policy is available with `kl_coef > 0`.
+No KL and no entropy term (the paper removed both); any algorithm can add them
+(`rstar2_jax.algorithms.regularizers`: ``rl.entropy_coef``, ``rl.kl_coef``).
 
 Aggregation and gradient accumulation: the function returns an unreduced `(loss_sum, count,
 metric_sums)`, the contract of `Algorithm.loss` and of the train step. For an optimizer step split
@@ -63,9 +63,6 @@ def policy_loss(
     eps_high: float = 0.28,
     *,
     dual_clip: float | None = None,
-    ref_logp: jnp.ndarray | None = None,
-    kl_coef: float = 0.0,
-    logits: jnp.ndarray | None = None,
     loss_agg_mode: LossAggMode = "token-mean",
     norm_length: int | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
@@ -83,12 +80,6 @@ def policy_loss(
       eps_low: lower clip range, the ratio is clipped below at 1 - eps_low.
       eps_high: upper clip range (Clip-Higher), the ratio is clipped above at 1 + eps_high.
       dual_clip: if set (> 1, e.g. 3.0), caps a negative-advantage token's loss at -dual_clip * A.
-      ref_logp: `[batch, seq]` reference-policy log-probabilities (a constant), for the KL term
-        and metric.
-      kl_coef: beta, weight (Python float) of the per-token k3 estimate of KL(policy || reference)
-        added to the loss; 0 turns it off and needs no `ref_logp`.
-      logits: `[batch, seq, vocab]` logits that produced `logp`, only to report the entropy
-        (it is not part of the loss).
       loss_agg_mode: "token-mean", "seq-mean-token-mean", "seq-mean-token-sum" or
         "seq-mean-token-sum-norm" (module docstring).
       norm_length: L of "seq-mean-token-sum-norm" (tokens, > 0); ignored by the other modes.
@@ -99,29 +90,20 @@ def policy_loss(
       the total count (module docstring), except `ratio_max`, a maximum: `clip_low_frac`,
       `clip_high_frac` (share of tokens whose gradient the low / high clip cuts);
       `dual_clip_frac` if `dual_clip`; `approx_kl` (k3 estimate of KL(old || policy));
-      `ratio_mean`, `ratio_max`; `ref_kl` if `ref_logp`; `entropy` (nats) if `logits`. With no
-      loss token every value is 0.
+      `ratio_mean`, `ratio_max`. With no loss token every value is 0.
     """
-    check_inputs(logp, old_logp, advantages, mask, ref_logp, logits, loss_agg_mode)
+    check_inputs(logp, old_logp, advantages, mask, loss_agg_mode)
     check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
     check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
     if dual_clip is not None:
         check_values(dual_clip, lambda c: c > 1, f"dual_clip must be > 1, got {dual_clip}")
-    if kl_coef != 0 and ref_logp is None:
-        raise ValueError("kl_coef != 0 needs ref_logp")
 
     mask, advantages, log_ratio = token_inputs(logp, old_logp, advantages, mask)
-    if ref_logp is not None:
-        ref_logp = jax.lax.stop_gradient(ref_logp)
     ratio = jnp.exp(log_ratio)
 
     per_token = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
     if dual_clip is not None:
         per_token = jnp.where(advantages < 0, jnp.minimum(per_token, -advantages * dual_clip), per_token)
-    if ref_logp is not None:
-        ref_kl = k3(jnp.where(mask, ref_logp - logp, 0.0))
-        if kl_coef != 0:
-            per_token = per_token + kl_coef * ref_kl
     per_token = jnp.where(mask, per_token, 0.0)
 
     loss_sum, count, total = aggregate(per_token, mask, loss_agg_mode, norm_length)
@@ -131,11 +113,6 @@ def policy_loss(
     } | ratio_metrics(log_ratio, mask, total)
     if dual_clip is not None:
         metrics["dual_clip_frac"] = total((advantages < 0) & (ratio > dual_clip))
-    if ref_logp is not None:
-        metrics["ref_kl"] = total(ref_kl)
-    if logits is not None:
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        metrics["entropy"] = total(-jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
     return loss_sum, count, constant(metrics)
 
 
@@ -155,13 +132,16 @@ def token_inputs(logp, old_logp, advantages, mask):
 
 def aggregate(per_token: jnp.ndarray, mask: jnp.ndarray, mode: LossAggMode,
               norm_length: int | None = None):
-    """``(loss_sum, count, total)`` of the per-token losses ``per_token`` `[batch, seq]` (0 at
-    masked positions) under aggregation ``mode`` (module docstring); ``total(x)`` sums a
+    """``(loss_sum, count, total)`` of the per-token losses ``per_token`` `[batch, seq]` (its
+    values where ``mask`` is False are ignored; they must be finite where the result is
+    differentiated) under aggregation ``mode`` (module docstring); ``total(x)`` sums a
     per-token metric ``x`` with the weights that make ``sum(total) / sum(count)`` the mean the
     loss takes (token means for "token-mean", means over sequences of token means otherwise)."""
     if mode == "seq-mean-token-sum-norm":
         norm_length = mask.shape[-1] if norm_length is None else norm_length
         check_values(norm_length, lambda n: n > 0, f"norm_length must be > 0, got {norm_length}")
+    mask = jnp.asarray(mask).astype(bool)
+    per_token = jnp.where(mask, per_token, 0.0)
     tokens_per_row = jnp.sum(mask, axis=-1)
     if mode == "token-mean":
         loss_sum, count = jnp.sum(per_token), jnp.sum(tokens_per_row, dtype=jnp.int32)
@@ -199,18 +179,15 @@ def k3(log_q_over_p):
     return jnp.exp(log_q_over_p) - log_q_over_p - 1
 
 
-def check_inputs(logp, old_logp, advantages, mask, ref_logp=None, logits=None,
-                 loss_agg_mode="token-mean"):
+def check_inputs(logp, old_logp, advantages, mask, loss_agg_mode="token-mean"):
     """ValueError for inputs of the wrong shapes or an unknown aggregation mode."""
     if loss_agg_mode not in _LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {_LOSS_AGG_MODES}, got {loss_agg_mode!r}")
     shape = jnp.shape(logp)
     if len(shape) != 2:
         raise ValueError(f"logp must be [batch, seq], got shape {shape}")
-    for name, x in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
-        if x is not None and jnp.shape(x) != shape:
+    for name, x in (("old_logp", old_logp), ("mask", mask)):
+        if jnp.shape(x) != shape:
             raise ValueError(f"{name} must have logp's shape {shape}, got {jnp.shape(x)}")
     if jnp.shape(advantages) not in (shape[:1], shape):
         raise ValueError(f"advantages must be [batch] {shape[:1]} or [batch, seq] {shape}, got {jnp.shape(advantages)}")
-    if logits is not None and jnp.shape(logits)[:2] != shape:
-        raise ValueError(f"logits must be [batch, seq, vocab] with [batch, seq] = {shape}, got {jnp.shape(logits)}")

@@ -5,8 +5,12 @@ Both take ``(logp, old_logp, advantages, mask)`` like `policy_loss` and return t
 token: the loss is a mean over sequences, its metrics means over sequences (``ratio_max`` a
 maximum). Advantages are one per sequence, `[batch]`; per-token advantages `[batch, seq]` (a
 rollout correction's weighted ones, `rstar2_jax.algorithms.correction`) enter as their mean over
-the sequence's loss tokens.
+the sequence's loss tokens. Their ``loss_agg_mode`` has one value, "seq-mean-token-mean": it
+declares how they aggregate, so that an entropy bonus or a KL penalty added to them
+(`rstar2_jax.algorithms.regularizers`) is a mean over sequences too.
 """
+from typing import Literal
+
 import jax.numpy as jnp
 
 from rstar2_jax.algorithms._checks import check_values
@@ -20,6 +24,8 @@ def gspo_loss(
     mask: jnp.ndarray,
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
+    *,
+    loss_agg_mode: Literal["seq-mean-token-mean"] = "seq-mean-token-mean",
 ) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
     """GSPO's sequence-level clipped loss (Zheng et al. 2025, "Group Sequence Policy
     Optimization", Eq. 5-7), unreduced like `policy_loss`.
@@ -45,7 +51,8 @@ def gspo_loss(
       (share of sequences the clip cuts), `ratio_mean`, `ratio_max` (of s_i), `approx_kl`
       (each sequence's token mean of the k3 estimate of KL(old || policy)).
     """
-    check_inputs(logp, old_logp, advantages, mask)
+    check_inputs(logp, old_logp, advantages, mask, loss_agg_mode)
+    _check_sequence_mean(loss_agg_mode)
     check_values(eps_low, lambda e: (e >= 0) & (e < 1), f"eps_low must be in [0, 1), got {eps_low}")
     check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
     mask, token_advantages, log_ratio = token_inputs(logp, old_logp, advantages, mask)
@@ -64,6 +71,8 @@ def gmpo_loss(
     mask: jnp.ndarray,
     eps_low: float = 0.4,
     eps_high: float = 0.4,
+    *,
+    loss_agg_mode: Literal["seq-mean-token-mean"] = "seq-mean-token-mean",
 ) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673): the
     geometric mean of the token ratios in place of their arithmetic mean, clipped per token in
@@ -91,7 +100,8 @@ def gmpo_loss(
       (each sequence's share of tokens the clip replaced), `ratio_mean`, `ratio_max` (of the
       sequence's clipped geometric-mean ratio), `approx_kl` (token mean of k3, unclipped).
     """
-    check_inputs(logp, old_logp, advantages, mask)
+    check_inputs(logp, old_logp, advantages, mask, loss_agg_mode)
+    _check_sequence_mean(loss_agg_mode)
     check_values(eps_low, lambda e: e >= 0, f"eps_low must be >= 0, got {eps_low}")
     check_values(eps_high, lambda e: e >= 0, f"eps_high must be >= 0, got {eps_high}")
     mask, token_advantages, log_ratio = token_inputs(logp, old_logp, advantages, mask)
@@ -102,6 +112,12 @@ def gmpo_loss(
     metrics = {"clip_low_frac": (token_advantages < 0) & (log_ratio < -eps_low),
                "clip_high_frac": (token_advantages > 0) & (log_ratio > eps_high)}
     return _sequence_mean(-advantages * ratio, ratio, log_ratio, mask, metrics)
+
+
+def _check_sequence_mean(loss_agg_mode):
+    if loss_agg_mode != "seq-mean-token-mean":
+        raise ValueError(f"a sequence-level loss is a mean over sequences: loss_agg_mode must be "
+                         f"'seq-mean-token-mean', got {loss_agg_mode!r}")
 
 
 def _mean_over_tokens(x, mask):

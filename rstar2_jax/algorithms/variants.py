@@ -22,7 +22,9 @@ Each is a few lines on the seam; the formulas are in the docstrings of the funct
 | `sapo`                         | `keep_all`         | `grpo_advantages`      | `sapo_loss`, seq-mean-token-mean |
 
 Any of them trains with a rollout correction (``rl.rollout_correction``,
-`rstar2_jax.algorithms.correction`): it is a setting of the run, not an algorithm.
+`rstar2_jax.algorithms.correction`), an entropy bonus and a KL penalty to a reference policy
+(``rl.entropy_coef``, ``rl.kl_coef``: `rstar2_jax.algorithms.regularizers`): they are settings
+of the run, not algorithms.
 """
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ GRPO_ROC = Algorithm(select=functools.partial(roc_selection, mode="paper"),
 GRPO_ROC_RELEASED = dataclasses.replace(GRPO_ROC, select=functools.partial(roc_selection, mode="released"))
 
 # Plain GRPO as rStar2-Agent's baseline ("GRPO with tool", §5.3): every sampled rollout is kept,
-# nothing else changes. Not DeepSeekMath's original objective (per-sequence mean, KL term):
-# that is `policy_loss(..., loss_agg_mode="seq-mean-token-mean")` with a reference policy.
+# nothing else changes. Not DeepSeekMath's original objective (per-sequence mean, k3 KL term):
+# that is `policy_loss(..., loss_agg_mode="seq-mean-token-mean")` trained with
+# rl.reference=true rl.kl_coef=0.04 rl.kl_penalty=k3 (`regularizers`).
 GRPO = dataclasses.replace(GRPO_ROC, select=keep_all)
 
 # Dr. GRPO (Liu et al. 2025, Eq. 3): A_i = r_i - mean(r), and the loss
@@ -89,7 +92,8 @@ RLOO = Algorithm(select=keep_all, advantages=rloo_advantages,
 # REINFORCE++-baseline (Hu et al. 2025): the group mean as baseline, then the step's advantages
 # whitened over all loss tokens; PPO's clipped surrogate, token mean. Every group is kept: the
 # groups of equal rewards enter the whitening statistics and get a nonzero advantage, as in
-# verl and OpenRLHF. The paper's KL term to a reference model is off (no reference here).
+# verl and OpenRLHF. The paper's KL term to a reference model is off unless the run sets
+# rl.reference=true and rl.kl_coef (`regularizers`).
 REINFORCE_PP_BASELINE = Algorithm(select=keep_every_group,
                                   advantages=reinforce_pp_baseline_advantages, loss=policy_loss)
 

@@ -2,7 +2,7 @@
 
 `parse_exact` reads a normalised answer (see `normalize.py`) built only from numbers and
 constants: integers, decimals (taken as the exact rational they spell), `+ - * / ^ !`,
-`\\frac`, `\\sqrt`, `\\binom`, `\\cdot`, `\\times`, `\\div`, `\\pi`, `\\infty`, brackets and
+`\\frac`, `\\sqrt`, `\\binom`, `\\cdot`, `\\times`, `\\div`, `\\pi`, `e`, `\\exp`, `\\infty`, brackets and
 `\\pm`; and collections of them: sets `\\{a, b\\}`, bare lists `a, b` (solution lists,
 unordered), tuples and intervals `(a, b]` (ordered, brackets significant). Anything else
 (variables, functions, unknown commands) is not an exact answer and the caller falls back to
@@ -29,6 +29,7 @@ _MAX_BITS = 200_000
 _TOKEN = re.compile(
     r"\d+\.\d*|\.\d+|\d+"  # numbers; decimals are exact rationals
     r"|\\[A-Za-z]+"  # commands
+    r"|e(?![A-Za-z])"  # Euler's number
     r"|\\[{}]"  # set braces
     r"|[-+*/^!(){}\[\],]"
 )
@@ -76,18 +77,39 @@ def same_value(a: sympy.Expr, b: sympy.Expr) -> bool:
     proven equal by sympy (an undecided comparison counts as different).
 
     Values that differ numerically are different, which settles almost every comparison at
-    once: sympy's proof expands powers (`(1+\\sqrt{2})^{10000}` against 5 took 12 s). A
-    numerical difference only ever makes the answer wrong, never right."""
+    once: sympy's proof expands powers (`(1+\\sqrt{2})^{10000}` against 5 took 12 s)."""
     if a == b:
         return True
     if a.is_Rational and b.is_Rational:
         return False
-    if not (a.is_finite and b.is_finite):
-        return False
-    difference, scale = (a - b).evalf(_DIGITS), abs(a.evalf(_DIGITS)) + abs(b.evalf(_DIGITS)) + 1
-    if difference.is_comparable and abs(difference) > scale * sympy.Float(10) ** (10 - _DIGITS):
+    if not (a.is_finite and b.is_finite) or differ_numerically(a, b):
         return False
     return (a - b).equals(0) is True
+
+
+def differ_numerically(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Whether evaluation tells `a` and `b` apart: their difference is nonzero beyond rounding
+    at `_DIGITS` digits, plus the digits of the longest rational they hold (a decimal of 60
+    digits is its own number, not a rounding of another). A free variable first takes a sample
+    value (an identity holds at every value, so one difference refutes it); where either side is
+    not a real number there, nothing is told apart. A numerical difference only ever makes an
+    answer wrong: a proof of equality is sympy's business."""
+    symbols = sorted(a.free_symbols | b.free_symbols, key=str)
+    point = {
+        symbol: sympy.Integer(i + 2) if symbol.is_integer else sympy.Rational(2 * i + 3, 7)
+        for i, symbol in enumerate(symbols)
+    }
+    a, b = a.xreplace(point), b.xreplace(point)
+    rationals = a.atoms(sympy.Rational) | b.atoms(sympy.Rational)
+    bits = max((max(abs(r.p), r.q).bit_length() for r in rationals), default=0)
+    digits = _DIGITS + math.ceil(bits * _DIGITS_PER_BIT)
+    difference = (a - b).evalf(digits)
+    scale = abs(a.evalf(digits)) + abs(b.evalf(digits)) + 1
+    return (
+        difference.is_comparable
+        and scale.is_comparable
+        and abs(difference) > scale * sympy.Float(10) ** (10 - digits)
+    )
 
 
 def _tokenize(text: str) -> list[str]:
@@ -130,18 +152,26 @@ def _log2_size(value: sympy.Expr) -> float:
         return max(_log2_size(term) for term in value.args) + math.log2(len(value.args))
     if value.is_Mul:
         return sum(_log2_size(factor) for factor in value.args)
+    if isinstance(value, sympy.exp):  # sympy keeps e^x apart from other powers
+        value = sympy.Pow(sympy.E, value.args[0], evaluate=False)
     if value.is_Pow and value.exp.is_Rational:
         return _log2_size(value.base) * abs(float(value.exp))
-    return 2.0  # pi: below 4
+    if value.is_Pow:  # |exponent| < 2^size; capped where the bound is astronomical anyway
+        return _log2_size(value.base) * 2.0 ** min(_log2_size(value.exp), 1000.0)
+    return 2.0  # pi, e: below 4
 
 
 def _power(base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
     """`base ** exponent`, refusing results beyond `_MAX_BITS` before computing them."""
-    if exponent.is_Rational and base.is_number and base not in (0, 1, -1):
+    if base.is_number and base not in (0, 1, -1):
         # |base^(p/q)| has at most |p| * bits(base) bits; integer arithmetic, so no overflow.
         # An irrational base counts the integers its power expands to (at least a bit each).
         base_bits = _bits(base) if base.is_Rational else max(1, math.ceil(_log2_size(base)))
-        if abs(exponent.p) * base_bits > _MAX_BITS:
+        if exponent.is_Rational and abs(exponent.p) * base_bits > _MAX_BITS:
+            raise TooLarge("power too large to evaluate")
+        # An irrational exponent is bounded by its size: `e^{e^{e^{100}}}` would have
+        # e^(e^100) bits, and evaluating it even to a few digits never ends.
+        if not exponent.is_Rational and base_bits * 2.0 ** min(_log2_size(exponent), 1000.0) > _MAX_BITS:
             raise TooLarge("power too large to evaluate")
     return _defined(sympy.Pow(base, exponent))
 
@@ -239,7 +269,7 @@ class _Parser:
         return token in _ATOM_COMMANDS or token in ("(", "{")
 
     # atom := number | "(" sum ")" | "{" sum "}" | \frac{}{} | \sqrt[n]{} | \binom{}{}
-    #         | \pi | \infty
+    #         | \pi | e | \exp() | \exp{} | \infty
     def atom(self) -> sympy.Expr:
         token = self.peek()
         if token is None:
@@ -272,13 +302,23 @@ class _Parser:
         if token == "\\pi":
             self.take()
             return sympy.pi
+        if token == "e":
+            self.take()
+            return sympy.E
+        if token == "\\exp":
+            self.take()
+            if self.peek() in ("(", "{"):
+                argument = self.group(self.peek(), ")" if self.peek() == "(" else "}")
+            else:
+                argument = self.unary()  # `\\exp 100`, `\\exp\\exp 2`
+            return _power(sympy.E, argument)
         if token == "\\infty":
             self.take()
             return sympy.oo
         raise NotExact(f"not a number: {token!r}")
 
 
-_ATOM_COMMANDS = ("\\frac", "\\sqrt", "\\binom", "\\pi", "\\infty")
+_ATOM_COMMANDS = ("\\frac", "\\sqrt", "\\binom", "\\pi", "e", "\\exp", "\\infty")
 
 
 def _element_values(element: str) -> list[sympy.Expr]:
@@ -322,7 +362,7 @@ def parse_exact(normalized: str) -> ExactAnswer:
 def has_huge_number(normalized: str) -> bool:
     """Whether a normalised answer contains a number too large to evaluate, wherever it stands:
     the exponent of `x^{5^{5^{5}}}`, the power `(10^{1999})^{199999}`, `(10^{10})!`,
-    `\\binom{10^{12}}{5}`, inside an answer that is otherwise not numeric.
+    `\\binom{10^{12}}{5}`, `\\exp(\\exp(\\exp(100)))`, inside an answer that is otherwise not numeric.
 
     Evaluates every braced exponent, and every power, factorial and binomial whose operands are
     closed-form numbers, with this parser's limits; anything it cannot read is no concern here.
@@ -337,12 +377,20 @@ def has_huge_number(normalized: str) -> bool:
         elif char == "!":
             operand = _operand_before(normalized, i, pairs)
             expression = f"{operand}!" if operand else ""
+        elif normalized.startswith("\\exp", i) and (end := pairs.get(i + 4, -1)) > i + 4:
+            expression = normalized[i : end + 1]  # `\\exp(...)` or `\\exp{...}`
+        elif chain := _EXP_CHAIN.match(normalized, i):
+            expression = chain.group(0)  # `\\exp\\exp\\exp100`
         elif normalized.startswith("\\binom{", i) and (top_end := pairs.get(i + 6, -1)) > i:
             bottom_end = pairs.get(top_end + 1, -1)  # the bracket right after `{top}`, if any
             expression = normalized[i : bottom_end + 1] if bottom_end > top_end else ""
         if (expression and _too_large(expression)) or (exponent and _too_large(exponent, True)):
             return True
     return False
+
+
+# Exponentials applied without brackets, as TeX allows: `\\exp\\exp\\exp100`.
+_EXP_CHAIN = re.compile(r"(?:\\exp)+(?:\d+(?:\.\d*)?|e)")
 
 
 def _too_large(expression: str, as_exponent: bool = False) -> bool:

@@ -39,6 +39,17 @@ _WRAPPER_TOKEN = re.compile(_WRAPPER.pattern + r"|\\.|[{}]", re.DOTALL)
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 _PERCENT = re.compile(r"\\?%")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+# A comma with spacing beside it separates the values of a list (`1, 100` is two solutions); a
+# thousands separator has none (`1,100`), or TeX's `{,}` or `,\!` (`10,\!000`, MATH's style).
+_LIST_COMMA = re.compile(r"\s,|,\s")
+_TEX_THOUSANDS = re.compile(r"(?<=\d),\\!(?=\d)")
+# A mixed number `2\frac{1}{4}` (MATH writes them so) is 2 + 1/4, not the product 2 * 1/4: an
+# integer right before a proper fraction of integers, not itself the end of an exponent, a
+# subscript, a decimal or a word. The fraction's integers are compared as digit strings (any
+# length).
+_MIXED_NUMBER = re.compile(
+    r"(?<![\w.^_}\])])(\d+) ?\\[dt]?frac(?:\{(\d+)\}\{(\d+)\}|(\d)(\d))"
+)
 # `x = 5`, `n_1 = 5`, `f(3) = 5`, `(x,y) = (1,2)`: keep the value. Only one `=`, so equations
 # stay intact.
 _NAME_ONLY = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([^()=]*\))?|\([A-Za-z](?:,[A-Za-z])+\))"
@@ -48,14 +59,21 @@ _NAMED_PART = re.compile(rf"({_NAME})([^=]+)")
 # `1 or 2`, `1, 2, and 3`, `x=1 \\text{ or } x=2`: a list of answers.
 _LIST_WORD = re.compile(r"\s*,?\s*(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])\s*")
 _UNIT_WORDS = (
-    "square units|sq units|units?|degrees?|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?"
-    "|inches|inch|in|feet|foot|ft|yards?|miles?|mph|seconds?|sec|s|minutes?|min|hours?|hrs?|days?"
-    "|weeks?|months?|years?|dollars?|cents?|grams?|g|kg|pounds?|lbs?|liters?|ml|ways|people"
+    "square units|sq units|units?|degrees?|cm|mm|km|meters?|metres?|centimeters?|kilometers?"
+    "|inches|inch|in|feet|foot|ft|yards?|miles?|mph|seconds?|sec|minutes?|min|hours?|hrs?|days?"
+    "|weeks?|months?|years?|dollars?|cents?|grams?|kg|pounds?|lbs?|liters?|ml|ways|people"
 )
+# Units that are single letters, as variables are: a unit only when written as text.
+_LETTER_UNITS = "m|s|g"
+_POWER = r"(?:\s*\^\s*\{?\d\}?)?"
 # A unit is stripped only when it follows a number or closing brace after a space (as left by
-# `10\\text{ cm}`), so a variable such as the `x` in `2x` is never taken for a unit.
-_TRAILING_UNIT = re.compile(
-    rf"(?<=[\d}}])\s+(?:{_UNIT_WORDS})(?:\s*\^\s*\{{?\d\}}?)?\.?$"
+# `10\\text{ cm}`), so a variable such as the `x` in `2x` is never taken for a unit; a unit
+# in a text wrapper (`3\\text{m}`, `5\\,\\mathrm{s}^2`) is stripped before wrappers are removed.
+# A bare letter is a variable: `3 m` is 3m and `\\frac{\\sqrt{3}}{4} s^2` an area in s.
+_TRAILING_UNIT = re.compile(rf"(?<=[\d}}])\s+(?:{_UNIT_WORDS}){_POWER}\.?$")
+_WRAPPED_UNIT = re.compile(
+    rf"(?<=[\d}}])\s*\\(?:text|textrm|mathrm|mbox)\s*\{{\s*(?:{_UNIT_WORDS}|{_LETTER_UNITS})\s*\}}"
+    rf"{_POWER}\.?$"
 )
 # `\frac12` and `\sqrt2`: TeX takes single-character arguments.
 _BARE_FRAC = re.compile(r"\\frac(\d)(\d)")
@@ -154,11 +172,20 @@ def _collapse_spacing(text: str) -> str:
     return _SPACING_RUN.sub(lambda m: m.group(1) or " ", text)
 
 
+def _mixed_number(match: re.Match) -> str:
+    whole, numerator, denominator = match[1], match[2] or match[4], match[3] or match[5]
+    numerator, denominator = numerator.lstrip("0"), denominator.lstrip("0")
+    if not numerator or (len(numerator), numerator) >= (len(denominator), denominator):
+        return match[0]  # not a proper fraction: a product such as `2\\frac{5}{4}`
+    return f"({whole}+\\frac{{{numerator}}}{{{denominator}}})"
+
+
 def tidy(answer: str) -> str:
     """`answer` with each run of spacing made one space and each line break `\\\\` outside an
-    environment made a comma (`6 \\\\ 5` states two values, as `6, 5` does). Neither changes
-    what the LaTeX means; everything that reads an answer reads this form."""
-    text = _collapse_spacing(answer)
+    environment made a comma (`6 \\\\ 5` states two values, as `6, 5` does), and each mixed
+    number `2\\frac{1}{4}` made the sum `(2+\\frac{1}{4})`. None changes what the LaTeX means;
+    everything that reads an answer reads this form."""
+    text = _MIXED_NUMBER.sub(_mixed_number, _collapse_spacing(answer))
     out, position, depth = [], 0, 0
     for match in _LINE_BREAK_TOKEN.finditer(text):
         token = match.group(0)
@@ -167,7 +194,7 @@ def tidy(answer: str) -> str:
         elif token == "\\end":
             depth = max(depth - 1, 0)
         elif token == "\\\\" and depth == 0:
-            out.append(text[position : match.start()] + ",")
+            out.append(text[position : match.start()] + ", ")
             position = match.end()
     out.append(text[position:])
     return "".join(out).strip()
@@ -175,13 +202,14 @@ def tidy(answer: str) -> str:
 
 def _spaced_normal_form(answer: str) -> str:
     """The normal form before spaces are dropped (which glues `\\sim b` into `\\simb`)."""
-    text = tidy(answer)
+    text = tidy(_TEX_THOUSANDS.sub("{,}", answer))
+    text = _WRAPPED_UNIT.sub("", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = text.replace("{,}", "")  # `1{,}000`: a thousands separator in TeX
     text = _unwrap(text)
     text = _NOISE.sub(" ", text)
     text = _collapse_spacing(text)  # unwrapping can bring spaces together
-    text = _LIST_WORD.sub(",", text)
+    text = _LIST_WORD.sub(", ", text)
     text = _DEGREES.sub("", text)
     text = _PERCENT.sub("", text)
     text = text.strip().rstrip(".").strip()
@@ -192,8 +220,9 @@ def _spaced_normal_form(answer: str) -> str:
 
 def normalize_answer(answer: str) -> str:
     """The canonical form of `answer` (a boxed answer's content); may be the empty string."""
-    text = re.sub(r"\s+", "", _spaced_normal_form(answer))
-    if _THOUSANDS.match(text):
+    spaced = _spaced_normal_form(answer)
+    text = re.sub(r"\s+", "", spaced)
+    if _THOUSANDS.match(text) and not _LIST_COMMA.search(spaced):
         text = text.replace(",", "")
     # `x=1,x=2`: solutions of one unknown. Different names (`a=2,b=3`) stay: see `named_parts`.
     named = _names_and_values(text)
@@ -202,8 +231,9 @@ def normalize_answer(answer: str) -> str:
     return _LEADING_NAME.sub("", text)
 
 
-# Relations an answer may chain its values with; `\\approx` and the like also mark an approximation.
-_RELATIONS = ("=", "\\approx", "\\simeq", "\\sim", "\\thickapprox", "\\approxeq", "\\doteq", "\u2248", "\u2243")
+# Relations an answer may chain its values with; `\\approx` and the like also mark an approximation,
+# `x \\in (1, 3)` names a value as `x = ` does.
+_RELATIONS = ("=", "\\equiv", "\\in", "\\approx", "\\simeq", "\\sim", "\\thickapprox", "\\approxeq", "\\doteq", "\u2248", "\u2243")
 _NAME_ALONE = re.compile(_NAME_ONLY)
 
 

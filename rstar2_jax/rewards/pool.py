@@ -24,9 +24,11 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import math
 import os
 import queue
 import resource
+import signal
 import threading
 
 import multiprocess
@@ -39,12 +41,18 @@ _WORKER_MEMORY_BYTES = 4 << 30
 # Spawning a worker imports sympy and math-verify: seconds on a loaded 2-core machine.
 _STARTUP_TIMEOUT_S = 120.0
 _READY = b"ready"
+# `_call`'s outcome when the worker missed the deadline or died: scored 0 but not cached, since a
+# deadline missed under load says nothing about the answer.
+_LOST = "lost"
 
 
 def _serve(connection) -> None:
     """Worker main loop. Requests are JSON: `{"response": text}` is answered with the final
     answer's boxes `{"boxes": [...]}`, `{"boxes": [...], "gold": gold}` with `{"equal": bool}`;
     an unexpected failure with `{"error": str}`."""
+    # A terminal's Ctrl-C reaches the whole process group: the trainer handles it and stops
+    # the pool; a worker must not die on it with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
     from rstar2_jax.rewards.extract import extract_boxes
     from rstar2_jax.rewards.verify import answer_matches
@@ -76,18 +84,21 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child_end,), daemon=True)
         self.process.start()
         child_end.close()
+        died = False
         try:
             ready = self.connection.poll(_STARTUP_TIMEOUT_S)
             ready = ready and self.connection.recv_bytes() == _READY
-        except EOFError:
-            ready = False
+        except EOFError:  # the worker closed its end: it is exiting, most often seconds in
+            ready, died = False, True
         if not ready:
             self.kill()
-            raise RuntimeError(
-                f"verifier worker did not start within {_STARTUP_TIMEOUT_S} s (exit code "
-                f"{self.process.exitcode}); a script that starts a VerifierPool needs an "
-                "`if __name__ == '__main__':` guard, as spawned workers re-import the main module"
-            )
+            if died:
+                raise RuntimeError(
+                    f"verifier worker exited (exit code {self.process.exitcode}) before it started, "
+                    "its traceback above; most often the script that starts the VerifierPool (or a "
+                    "RolloutRuntime) lacks an `if __name__ == '__main__':` guard around it, which it "
+                    "needs because spawned workers re-import the main module")
+            raise RuntimeError(f"verifier worker did not start within {_STARTUP_TIMEOUT_S} s")
 
     def call(self, request: dict, timeout_s: float) -> dict | str:
         """The worker's reply, or `"timeout"` / `"died"` if it missed the deadline or crashed."""
@@ -157,9 +168,9 @@ class VerifierPool:
     ):
         if num_workers is None:
             num_workers = min(4, os.cpu_count() or 1)
-        if num_workers < 1 or timeout_s <= 0 or cache_size < 0:
+        if num_workers < 1 or not (0 < timeout_s < math.inf) or cache_size < 0:
             raise ValueError(
-                f"need num_workers >= 1, timeout_s > 0, cache_size >= 0; got "
+                f"need num_workers >= 1, a finite timeout_s > 0, cache_size >= 0; got "
                 f"{num_workers}, {timeout_s}, {cache_size}"
             )
         self.timeout_s = timeout_s
@@ -257,8 +268,8 @@ class VerifierPool:
         """Read the response, then answer `future` from the cache or by verifying."""
         what = f"a response of {len(response_text)} characters"
         reply = self._call(slot, {"response": response_text}, what)
-        boxes = tuple(reply["boxes"]) if reply is not None else ()
-        if reply is not None and not boxes:
+        boxes = tuple(reply["boxes"]) if isinstance(reply, dict) else ()
+        if isinstance(reply, dict) and not boxes:
             self._count("no_answer")
         if not boxes:
             future.set_result(0.0)
@@ -282,18 +293,20 @@ class VerifierPool:
             self._finish(key, future, error=error)
             return
         self._count("verified")
-        self._finish(key, future, reward=0.0 if reply is None else float(reply["equal"]))
+        reward = float(reply["equal"]) if isinstance(reply, dict) else 0.0
+        self._finish(key, future, reward=reward, cache=reply is not _LOST)
 
-    def _call(self, slot: int, request: dict, what: str) -> dict | None:
-        """Worker `slot`'s reply to `request`, or None (logged) if it timed out, died or failed."""
+    def _call(self, slot: int, request: dict, what: str) -> dict | str | None:
+        """Worker `slot`'s reply to `request`; `_LOST` (logged) if it timed out or died, None
+        (logged) if it failed."""
         worker = self._worker(slot)
         reply = worker.call(request, self.timeout_s)
         if isinstance(reply, str):
             worker.kill()
             self._workers[slot] = None
             self._count("timeouts" if reply == "timeout" else "errors")
-            logger.warning("verifier worker %s on %s; scored 0", reply, what)
-            return None
+            logger.warning("verifier worker %s on %s; scored 0, not cached", reply, what)
+            return _LOST
         if "error" in reply:
             self._count("errors")
             logger.warning("verifier error on %s: %s; scored 0", what, reply["error"])
@@ -314,10 +327,11 @@ class VerifierPool:
         with self._lock:
             self._counts[name] += 1
 
-    def _finish(self, key, future, reward: float | None = None, error: Exception | None = None):
+    def _finish(self, key, future, reward: float | None = None, error: Exception | None = None,
+                cache: bool = True):
         with self._lock:
             del self._in_flight[key]
-            if reward is not None and self._cache_size:
+            if reward is not None and cache and self._cache_size:
                 self._cache[key] = reward
                 if len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)

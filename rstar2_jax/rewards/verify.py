@@ -9,7 +9,8 @@ each step: no tolerance ever accepts what is not proven equal.
    `\\frac{1}{3} \\approx 0.333`, `\\approx 3.14`) -> equal only if each value is (math-verify
    reads the last one only), unless the reference itself is an equation (`3x + 2y = 12`);
 3. a reference giving values to different names (`a=2, b=3`) -> compared name by name, or in
-   its order if the answer gives bare values (math-verify would accept `3, 2`);
+   its order if the answer gives bare values (math-verify would accept `3, 2`); a set names
+   nothing;
 4. both sides exact closed-form numbers (`exact.py`) -> exact comparison decides, both ways.
    math-verify rounds to 6 decimals, so it calls 1/2004! and 1/2006! equal. A number too large
    to evaluate (more than 200,000 bits) is not read: not equal;
@@ -21,7 +22,11 @@ each step: no tolerance ever accepts what is not proven equal.
    `\\boxed{}` as rStar2 does, on the `tidy` text of both (at most `MAX_ANSWER_CHARS` each).
    Every decimal it reads is taken as the exact rational it spells (it would round it: a
    policy could box `3.1415934\\ldots` for pi), and if both parses are then numbers they are
-   compared exactly.
+   compared exactly. Each box is read whole as LaTeX (math-verify would pick the last number
+   out of a box it cannot read: `6 \\Rightarrow 5`), its numeric step proves numbers equal
+   instead of chopping their difference below 1e-15 (`2x + 1.4142135623730951` for
+   `2x + \\sqrt{2}`, in tuples and intervals too), and its symbolic step runs only where
+   evaluation cannot tell the sides apart (`differ_numerically`).
 
 Several boxes in one final answer (`answer_matches`) are one answer only where that cannot buy
 reward for hedging: they match when every box states the reference, or when the reference has
@@ -35,13 +40,24 @@ in-process can interrupt: the trainer scores through `VerifierPool`, which kills
 from outside.
 """
 
+import contextlib
+import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 
 import math_verify
+import math_verify.grader
 import sympy
 
-from rstar2_jax.rewards.exact import NotExact, TooLarge, has_huge_number, parse_exact, same_value
+from rstar2_jax.rewards.exact import (
+    NotExact,
+    TooLarge,
+    differ_numerically,
+    has_huge_number,
+    parse_exact,
+    same_value,
+)
 from rstar2_jax.rewards.extract import extract_boxes
 from rstar2_jax.rewards.normalize import (
     answer_parts,
@@ -57,9 +73,21 @@ from rstar2_jax.rewards.normalize import (
 # the work one answer can ask.
 MAX_ANSWER_CHARS = 2000
 
-# rStar2's extraction configs: the gold is LaTeX; the prediction may also be a plain expression.
-_GOLD_CONFIG = (math_verify.LatexExtractionConfig(),)
-_PRED_CONFIG = (math_verify.ExprExtractionConfig(), math_verify.LatexExtractionConfig())
+# Both sides are box contents, each read whole as LaTeX (the box is the first and only match).
+# rStar2 also let math-verify read the answer as a plain expression and try every other match
+# in the text, which picks the last number or fraction out of any box the LaTeX reader cannot
+# read: `6 \Rightarrow 5`, `\frac{1}{2} \cup \frac{3}{4}`, `\begin{cases} 6 \\ 5 \end{cases}`
+# and `6 \cr 5` answered their last value.
+# Units are the normaliser's business: math-verify's own unit removal deletes variables named
+# like units (`3 m` answered 3, `\frac{\sqrt{3}}{4} s^2` answered the coefficient).
+_CONFIG = (
+    math_verify.LatexExtractionConfig(
+        normalization_config=dataclasses.replace(
+            math_verify.LatexExtractionConfig().normalization_config, units=False
+        )
+    ),
+)
+_PARSE_OPTIONS = dict(extraction_mode="first_match", parsing_timeout=None, raise_on_error=False)
 
 logger = logging.getLogger(__name__)
 # math-verify warns on every call that its timeouts are disabled; we time out from outside.
@@ -73,6 +101,60 @@ def _is_exact_number(value: object) -> bool:
         and not value.has(sympy.Float)
         and value.is_finite is True
     )
+
+
+def _numbers_proven_equal(a: object, b: object, float_rounding: int, numeric_precision: int) -> bool:
+    """math-verify's numeric step (`grader.sympy_numeric_eq`, same signature) without its
+    tolerance, put in its place during our own comparisons (`_strict_steps`).
+
+    math-verify took two expressions as equal when their difference evaluated to 0 once values
+    below 10^-15 were chopped, wherever they stood: `2x + 1.4142135623730951` for
+    `2x + \\sqrt{2}`, `\\sin(x) + 10^{-20}` for `\\sin(x)`, an approximation inside a tuple. Here
+    two numbers are equal only when `same_value` proves it, matrices element by element; any
+    other pair is left to math-verify's symbolic step (`simplify(a - b)` is zero)."""
+    if isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase):
+        return a.shape == b.shape and all(
+            _numbers_proven_equal(x, y, float_rounding, numeric_precision) for x, y in zip(a, b)
+        )
+    if isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr) and a.is_number and b.is_number:
+        return same_value(a.doit(), b.doit())
+    return False
+
+
+_SYMBOLIC_EQ = math_verify.grader.sympy_symbolic_eq
+
+
+def _proven_equal(a: object, b: object) -> bool:
+    """math-verify's symbolic step (`grader.sympy_symbolic_eq`: `simplify(a - b)` is zero),
+    tried only where evaluation cannot tell the two sides apart (`differ_numerically`).
+
+    `simplify` rewrites `r \\ln 2` as `\\ln 2^r`, and for a decimal `r` of 16 digits (a printed
+    float: `0.5849625007211562 x` for `x \\log_2 3`) it computes the integer 2^(10^16)
+    without end; numerically the two differ at once, and refuting them there settles it."""
+    if isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr) and differ_numerically(a, b):
+        return False
+    return _SYMBOLIC_EQ(a, b)
+
+
+# math-verify calls its two steps by these module-level names from every comparison (scalars,
+# tuples, sets, intervals, relations), and offers no hook for them. They are swapped in only for
+# the duration of our own `verify` call, under a lock, so that another user of math-verify in the
+# same process (any thread) keeps its own semantics.
+_STRICT_STEPS = {"sympy_numeric_eq": _numbers_proven_equal, "sympy_symbolic_eq": _proven_equal}
+_STRICT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _strict_steps():
+    with _STRICT_LOCK:
+        saved = {name: getattr(math_verify.grader, name) for name in _STRICT_STEPS}
+        for name, step in _STRICT_STEPS.items():
+            setattr(math_verify.grader, name, step)
+        try:
+            yield
+        finally:
+            for name, step in saved.items():
+                setattr(math_verify.grader, name, step)
 
 
 def _decimals_as_rationals(value: object) -> object:
@@ -90,10 +172,10 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
         return False
     gold_parsed = math_verify.parse(
-        f"\\boxed{{{gold}}}", _GOLD_CONFIG, parsing_timeout=None, raise_on_error=False
+        f"\\boxed{{{gold}}}", _CONFIG, **_PARSE_OPTIONS
     )
     pred_parsed = math_verify.parse(
-        f"\\boxed{{{pred}}}", _PRED_CONFIG, parsing_timeout=None, raise_on_error=False
+        f"\\boxed{{{pred}}}", _CONFIG, **_PARSE_OPTIONS
     )
     if not gold_parsed or not pred_parsed:
         return False
@@ -101,7 +183,8 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     pred_parsed = [_decimals_as_rationals(value) for value in pred_parsed]
     if _is_exact_number(gold_parsed[0]) and _is_exact_number(pred_parsed[0]):
         return same_value(gold_parsed[0], pred_parsed[0])
-    return math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=False)
+    with _strict_steps():
+        return math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=False)
 
 
 def _is_equation(answer: str) -> bool:
@@ -140,7 +223,8 @@ def _equivalent(pred: str, gold: str) -> bool:
 
 def _named_equal(pred_normal: str, gold_named: dict[str, str]) -> bool:
     """A reference naming its parts (`a=2,b=3`) is answered by the same names with equivalent
-    values, or by the values alone in the reference's order (`2,3` or `(2,3)`)."""
+    values, or by the values alone in the reference's order (`2,3` or `(2,3)`); a set
+    (`\\{2,3\\}`) has no order, so it names nothing."""
     pred_named = named_parts(pred_normal)
     if pred_named is not None:
         return pred_named.keys() == gold_named.keys() and all(
@@ -148,7 +232,8 @@ def _named_equal(pred_normal: str, gold_named: dict[str, str]) -> bool:
         )
     elements, brackets = answer_parts(pred_normal)
     return (
-        brackets in ("", "()")
+        not pred_normal.startswith("\\{")
+        and brackets in ("", "()")
         and len(elements) == len(gold_named)
         and all(_equivalent(p, g) for p, g in zip(elements, gold_named.values()))
     )
@@ -212,4 +297,4 @@ def score(response_text: str, gold: str) -> float:
     checked with `answer_matches`. Never raises. In-process, without a timeout: for notebooks
     and tests. Training uses `VerifierPool`, which has the same semantics plus a hard timeout.
     """
-    return float(answer_matches(extract_boxes(response_text), gold))
+    return float(_never_raises("score", lambda: _boxes_match(extract_boxes(response_text), gold)))

@@ -7,11 +7,12 @@ from rstar2_jax.sampler.rollout import (
     RolloutSettings,
     RolloutStats,
     ToolCallRecord,
+    ToolLimits,
     Trajectory,
 )
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 __all__ = [
     "AgentSampler", "Engine", "Generation", "RolloutLimits", "RolloutSettings", "RolloutStats",
-    "SamplingParams", "ToolCallRecord", "Trajectory", "generate", "sample_tokens",
+    "SamplingParams", "ToolCallRecord", "ToolLimits", "Trajectory", "generate", "sample_tokens",
 ]

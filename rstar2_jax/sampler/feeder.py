@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+from typing import Callable, Iterator
 
 from rstar2_jax.sampler.engine import Engine, StagedPrompt, sequence_keys
 
@@ -16,6 +17,11 @@ class PromptFeeder:
     from key `first_sequence + p * samples + s` of `seed` (see `sequence_keys`), whichever row
     and call it starts in.
 
+    Prompts are taken one at a time, when a row is free and no sample is left queued: in order,
+    or in the order ``claim`` hands them out (`rstar2_jax.hosts.claims`: hosts draw the step's
+    prompts from a shared queue as their rows free up). A prompt's keys do not depend on when or
+    by whom it was taken, so any claim order draws the same samples.
+
     Args:
       engine: the rows to fill.
       prompts: token-id lists (the last token of each becomes its rows' pending token).
@@ -24,21 +30,44 @@ class PromptFeeder:
       seed: PRNG seed of the samples' keys.
       first_sequence: key index of the first prompt's first sample (a share of a larger batch
         passes its offset in that batch, so its samples draw what they would draw there).
+      claim: called for the next prompt index to take (into ``prompts``); None when there is
+        none left. Without it, every prompt in order.
     """
 
     def __init__(self, engine: Engine, prompts: list[list[int]], samples: int,
-                 budgets: list[int], seed: int, first_sequence: int = 0):
+                 budgets: list[int], seed: int, first_sequence: int = 0,
+                 claim: Callable[[], int | None] | None = None):
         self.engine, self.prompts, self.samples, self.budgets = engine, prompts, samples, budgets
         self.keys = sequence_keys(seed, len(prompts) * samples, first_sequence)
-        self.queue = collections.deque((p, s) for p in range(len(prompts)) for s in range(samples))
-        self.unstarted = collections.Counter(p for p, _ in self.queue)
+        self.claim = claim if claim is not None else in_order(len(prompts))
+        self.queue: collections.deque[tuple[int, int]] = collections.deque()
+        self.unstarted: collections.Counter[int] = collections.Counter()
         self.staged: dict[int, StagedPrompt] = {}
+        self.claimed_all = False
+
+    @property
+    def done(self) -> bool:
+        """Whether every sample this feeder will start has started."""
+        return self.claimed_all and not self.queue
+
+    def _next(self) -> tuple[int, int] | None:
+        """The next queued (prompt, sample), taking a prompt if none is queued."""
+        if not self.queue and not self.claimed_all:
+            p = self.claim()
+            if p is None:
+                self.claimed_all = True
+            else:
+                if not 0 <= p < len(self.prompts) or p in self.unstarted:
+                    raise ValueError(f"claimed prompt {p} twice or out of 0..{len(self.prompts) - 1}")
+                self.queue.extend((p, s) for s in range(self.samples))
+                self.unstarted[p] = self.samples
+        return self.queue[0] if self.queue else None
 
     def fill(self, free: list[int]) -> list[tuple[int, int, int]]:
         """Starts queued samples in the `free` rows; returns `(row, prompt, sample)` of each."""
         free = list(free)
         started = []
-        while self.queue and free:
+        while free and self._next() is not None:
             batch = self._start_some(free)
             if not batch:
                 break
@@ -56,7 +85,7 @@ class PromptFeeder:
         spare = engine.spare_pages()
         new: list[int] = []  # prompts to stage
         starting = []
-        while free and self.queue:
+        while free and self._next() is not None:
             p, _ = self.queue[0]
             n = len(self.prompts[p]) - 1
             # The row's own pages for its first decode call: all but the prompt's full pages.
@@ -81,3 +110,9 @@ class PromptFeeder:
             if self.unstarted[p] == 0:
                 engine.unstage(self.staged.pop(p))
         return starting
+
+
+def in_order(count: int) -> Callable[[], int | None]:
+    """Claims 0, 1, ..., count - 1, then None."""
+    indices: Iterator[int] = iter(range(count))
+    return lambda: next(indices, None)

@@ -42,7 +42,8 @@ from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
 from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
-from rstar2_jax.sandbox import Session, render_result
+from rstar2_jax.sandbox import SandboxConfig, Session, render_result
+from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,28 @@ log = logging.getLogger(__name__)
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolLimits:
+    """Limits of the tool sandbox other than the timeout (``rollout.tool_limits``); each is
+    `rstar2_jax.sandbox.SandboxConfig`'s field of the same name and, when None, takes its
+    default there (docs/sandbox.md). Per call: cpu_s (seconds), memory_bytes, max_processes,
+    max_file_bytes, max_open_files, output_limit_bytes, scratch_bytes; for all the pool's calls
+    together: pool_memory_bytes (default half the host's memory)."""
+
+    cpu_s: int | None = None
+    memory_bytes: int | None = None
+    max_processes: int | None = None
+    max_file_bytes: int | None = None
+    max_open_files: int | None = None
+    output_limit_bytes: int | None = None
+    scratch_bytes: int | None = None
+    pool_memory_bytes: int | None = None
+
+    def given(self) -> dict[str, int]:
+        """The limits set, by name: keyword arguments of `SandboxPool` / `SandboxConfig`."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +93,7 @@ class RolloutSettings:
     tool_session: a trajectory's tool calls share state, as cells of a notebook (False: every
       call is a fresh program, rStar2's training tool). See `rstar2_jax.sandbox.session`.
     sandbox_workers: sandbox worker processes (None: one per core).
+    tool_limits: the sandbox's other per-call limits (memory, processes, output, ...), `ToolLimits`.
     verifier_workers: answer-checking processes.
     verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
     serving_dtype: dtype of the params and KV cache the sampler serves, cast from the trainer's
@@ -92,6 +116,7 @@ class RolloutSettings:
     tool_timeout_s: float = 4.0
     tool_session: bool = False
     sandbox_workers: int | None = None
+    tool_limits: ToolLimits = dataclasses.field(default_factory=ToolLimits)
     verifier_workers: int = 1
     verifier_timeout_s: float = 4.0
     serving_dtype: str = "auto"
@@ -109,10 +134,15 @@ class RolloutSettings:
         _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
+        try:
+            sandbox = SandboxConfig(timeout_s=self.tool_timeout_s, **self.tool_limits.given())
+            pool_memory_bytes(sandbox, self.sandbox_workers or default_num_workers())
+        except ValueError as e:
+            raise ValueError(f"rollout.tool_limits: {e}") from None
         _check(self.verifier_workers >= 1,
                f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
-        _check(self.verifier_timeout_s > 0,
-               f"rollout.verifier_timeout_s must be > 0, got {self.verifier_timeout_s}")
+        _check(0 < self.verifier_timeout_s < float("inf"),
+               f"rollout.verifier_timeout_s must be finite and > 0, got {self.verifier_timeout_s}")
         _check(self.serving_dtype in ("auto", "float32", "bfloat16"),
                f"rollout.serving_dtype must be auto, float32 or bfloat16, got {self.serving_dtype!r}")
         _check(self.memory_budget_gib is None or self.memory_budget_gib > 0,
@@ -213,6 +243,16 @@ class Trajectory:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "budget"
+
+    def record(self) -> dict:
+        """The trajectory as JSON-serialisable values, which `from_record` turns back into it
+        (what hosts send each other)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> Trajectory:
+        return cls(**{**record, "turn_spans": [tuple(span) for span in record["turn_spans"]],
+                      "tool_calls": [ToolCallRecord(**call) for call in record["tool_calls"]]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +365,8 @@ class AgentSampler:
 
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
                 on_finish: Callable[[Trajectory], None] | None = None, seed: int = 0,
-                first_sequence: int = 0) -> tuple[list[Trajectory], RolloutStats]:
+                first_sequence: int = 0, claim: Callable[[], int | None] | None = None,
+                ) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
 
         `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
@@ -334,6 +375,10 @@ class AgentSampler:
         + s`), so the samples do not depend on slot scheduling or tool timing: the same params,
         prompts and seed give the same tokens, and a share of a batch, started at its offset,
         gives the tokens its rows get in the whole batch.
+
+        With ``claim``, only the prompts it hands out are sampled, each as a row frees up
+        (`PromptFeeder`): `rstar2_jax.hosts.claims` shares a step's prompts among hosts that way.
+        A claimed prompt's samples are the ones the whole batch gives it.
 
         Returns the trajectories ordered by (prompt, sample) and timing statistics. Every tool
         session the call opened is closed when it returns or raises.
@@ -345,15 +390,15 @@ class AgentSampler:
         engine = self._open_engine(params)
         try:
             return self._rollout(engine, prompts, samples_per_prompt, on_finish, seed,
-                                 first_sequence)
+                                 first_sequence, claim)
         finally:
             engine.close()
 
     def _rollout(self, engine: Engine, prompts, samples_per_prompt, on_finish, seed,
-                 first_sequence) -> tuple[list[Trajectory], RolloutStats]:
+                 first_sequence, claim) -> tuple[list[Trajectory], RolloutStats]:
         feeder = PromptFeeder(engine, prompts, samples_per_prompt,
                               [self.limits.max_response_tokens] * len(prompts), seed,
-                              first_sequence)
+                              first_sequence, claim)
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
@@ -362,7 +407,7 @@ class AgentSampler:
         finished: list[Trajectory] = []  # finished in this iteration, not yet reported
 
         try:
-            while feeder.queue or any(r is not None for r in rows):
+            while not feeder.done or any(r is not None for r in rows):
                 for i, p, s in feeder.fill([i for i, r in enumerate(rows) if r is None]):
                     rows[i] = _Row(Trajectory(p, s, list(prompts[p])),
                                    sequence=first_sequence + p * samples_per_prompt + s)

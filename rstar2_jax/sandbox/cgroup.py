@@ -15,9 +15,19 @@ processes and sessions, is charged there:
   cgroup is outside kernel autogroup scheduling, so a call weighs as one process against the
   trainer and the other calls, however many processes or sessions it makes.
 
-The slot groups are siblings (not children of one group per template): a group's weight does
-not grow with the number of its busy children, so nesting would make all the calls of a
-template together weigh as one process.
+Memory is also bounded per template: in the hierarchy of the memory controller the slot groups
+are children of a template group ``rstar2-sandbox-<template pid>`` limited to the template's
+share of the pool's bound (``pool_memory_bytes / num_workers``), so all the calls of a pool
+together never hold more than ``pool_memory_bytes``; past a template's share the kernel kills a
+process of one of its calls (the largest), whose slot counts the kill. Every call process also
+gets ``oom_score_adj`` 1000 (``runner``): under the host's own memory pressure the kernel kills
+calls before the trainer.
+
+In a hierarchy of the CPU controller alone (cgroup v1) the slot groups are siblings, not
+children of one group per template: a group's weight does not grow with the number of its busy
+children, so nesting would make all the calls of a template together weigh as one process.
+Where the two controllers share a hierarchy (cgroup v2), the template group weighs as many
+processes as it has slots, so that its calls, all busy, weigh as they would as siblings.
 
 Where each controller is found:
 
@@ -96,12 +106,14 @@ def _parent(controller: str) -> tuple[int, str] | None:
 
 @dataclasses.dataclass
 class _Hierarchy:
-    """The slot groups of one cgroup hierarchy: which controllers they bound, and where."""
+    """The slot groups of one cgroup hierarchy: which controllers they bound, and where (paths
+    relative to ``parent_fd``; ``template`` is the group that holds them, or None)."""
 
     version: int
     parent_fd: int
     controllers: set[str]
     slot_names: list[str]
+    template: str | None
 
 
 def _configure(path: str, version: int, controller: str, memory_bytes: int) -> None:
@@ -119,6 +131,27 @@ def _configure(path: str, version: int, controller: str, memory_bytes: int) -> N
         _write(os.path.join(path, "cpu.max"), f"{period} {period}")
     else:
         _write(os.path.join(path, "cpu.cfs_quota_us"), _read(os.path.join(path, "cpu.cfs_period_us")).strip())
+
+
+def _configure_template(path: str, version: int, controllers: set[str], memory_bytes: int, slots: int) -> None:
+    """The template group: its calls' memory together, and the weight of ``slots`` processes."""
+    if version == 2:
+        _write(os.path.join(path, "memory.max"), str(memory_bytes))
+        if os.path.exists(os.path.join(path, "memory.swap.max")):
+            _write(os.path.join(path, "memory.swap.max"), "0")
+        if "cpu" in controllers:
+            _write(os.path.join(path, "cpu.weight"), str(min(10000, 100 * slots)))
+        _write(os.path.join(path, "cgroup.subtree_control"), " ".join(f"+{c}" for c in sorted(controllers)))
+        return
+    try:  # always on since Linux 5.11; before, the limit holds for children only with it
+        _write(os.path.join(path, "memory.use_hierarchy"), "1")
+    except OSError:
+        pass
+    _write(os.path.join(path, "memory.limit_in_bytes"), str(memory_bytes))
+    if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
+        _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(memory_bytes))
+    if "cpu" in controllers:
+        _write(os.path.join(path, "cpu.shares"), str(1024 * slots))
 
 
 class SlotCgroups:
@@ -139,8 +172,10 @@ class SlotCgroups:
         return None
 
     @classmethod
-    def create(cls, slots: int, memory_bytes: int) -> "SlotCgroups":
-        """The slots' groups for every controller this process may use (possibly none)."""
+    def create(cls, slots: int, memory_bytes: int, template_memory_bytes: int) -> "SlotCgroups":
+        """The slots' groups for every controller this process may use (possibly none): each
+        slot's memory limited to ``memory_bytes``, all of them together to
+        ``template_memory_bytes``."""
         wanted: dict[tuple[int, str], set[str]] = {}
         for controller in ("memory", "cpu"):
             found = _parent(controller)
@@ -148,7 +183,7 @@ class SlotCgroups:
                 wanted.setdefault(found, set()).add(controller)
         hierarchies, procs, events = [], [[] for _ in range(slots)], None
         for (version, parent), controllers in wanted.items():
-            made = _create_slots(version, parent, controllers, slots, memory_bytes)
+            made = _create_slots(version, parent, controllers, slots, memory_bytes, template_memory_bytes)
             if made is None:
                 continue
             hierarchy, slot_procs, slot_events = made
@@ -174,22 +209,31 @@ class SlotCgroups:
         for fd in [fd for fds in self.procs_fds for fd in fds] + (self.events_fds or []):
             os.close(fd)
         for h in self.hierarchies:
-            for name in h.slot_names:
-                try:
-                    os.rmdir(name, dir_fd=h.parent_fd)
-                except OSError:
-                    pass  # a process is still dying; the next template to start removes it
+            _remove_groups(h.parent_fd, h.slot_names + ([h.template] if h.template else []))
             os.close(h.parent_fd)
 
 
-def _create_slots(version: int, parent: str, controllers: set[str], slots: int, memory_bytes: int):
+def _remove_groups(parent_fd: int, names: list[str]) -> None:
+    for name in names:
+        try:
+            os.rmdir(name, dir_fd=parent_fd)
+        except OSError:
+            pass  # a process is still dying; the next template to start removes it
+
+
+def _create_slots(version: int, parent: str, controllers: set[str], slots: int, memory_bytes: int,
+                  template_memory_bytes: int):
     """The slot groups of one hierarchy: (hierarchy, cgroup.procs fd per slot, OOM counter fd
     per slot or None), or None where this process may not create them."""
     try:
         parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
-    names = [f"{_PREFIX}{os.getpid()}-{s}" for s in range(slots)]
+    template = f"{_PREFIX}{os.getpid()}" if "memory" in controllers else None
+    if template is not None:
+        names = [f"{template}/slot{s}" for s in range(slots)]
+    else:
+        names = [f"{_PREFIX}{os.getpid()}-{s}" for s in range(slots)]
     opened: list[int] = []
     try:
         _remove_stale(parent_fd)
@@ -198,6 +242,9 @@ def _create_slots(version: int, parent: str, controllers: set[str], slots: int, 
             missing = " ".join(f"+{c}" for c in sorted(controllers) if c not in enabled)
             if missing:
                 _write(os.path.join(parent, "cgroup.subtree_control"), missing)
+        if template is not None:
+            os.mkdir(os.path.join(parent, template))
+            _configure_template(os.path.join(parent, template), version, controllers, template_memory_bytes, slots)
         procs, events = [], [] if "memory" in controllers else None
         for name in names:
             path = os.path.join(parent, name)
@@ -213,14 +260,10 @@ def _create_slots(version: int, parent: str, controllers: set[str], slots: int, 
     except OSError:
         for fd in opened:
             os.close(fd)
-        for name in names:
-            try:
-                os.rmdir(name, dir_fd=parent_fd)
-            except OSError:
-                pass
+        _remove_groups(parent_fd, names + ([template] if template else []))
         os.close(parent_fd)
         return None
-    return _Hierarchy(version, parent_fd, controllers, names), procs, events
+    return _Hierarchy(version, parent_fd, controllers, names, template), procs, events
 
 
 def _remove_stale(parent_fd: int) -> None:
@@ -237,7 +280,7 @@ def _remove_stale(parent_fd: int) -> None:
         except PermissionError:
             continue
         try:
-            # Templates before the groups were made per slot nested them: <prefix><pid>/slot<k>.
+            # Memory slot groups are nested in their template's group: <prefix><pid>/slot<k>.
             group_fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY, dir_fd=parent_fd)
             try:
                 for child in os.listdir(group_fd):

@@ -38,6 +38,10 @@ class SandboxConfig:
         killed with status ``output_limit``. Only this much is ever buffered.
       scratch_bytes: size of the call's private tmpfs ``/tmp``, its working directory
         (namespaces level).
+      pool_memory_bytes: memory all the calls of a pool hold together, bytes, where the
+        templates may create memory cgroups: each template's calls share ``pool_memory_bytes /
+        num_workers``, and past it the kernel kills one of them (docs/sandbox.md). None: half of
+        the host's memory, or one call's ``memory_bytes`` per template if that is more.
       slots_per_worker: calls one template supervises at once. Sleeping or timing-out calls
         hold a slot without using CPU, so slots are oversubscribed relative to cores.
       isolation: ``"auto"`` picks the strongest level the kernel grants; forcing a level
@@ -52,6 +56,7 @@ class SandboxConfig:
     max_open_files: int = 128
     output_limit_bytes: int = 1 << 20
     scratch_bytes: int = 64 << 20
+    pool_memory_bytes: int | None = None
     slots_per_worker: int = 8
     isolation: str = "auto"
 
@@ -59,9 +64,9 @@ class SandboxConfig:
         if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
             raise ValueError(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {self.timeout_s!r}")
         for name in ("cpu_s", "memory_bytes", "max_processes", "max_file_bytes", "max_open_files",
-                     "output_limit_bytes", "scratch_bytes", "slots_per_worker"):
+                     "output_limit_bytes", "scratch_bytes", "pool_memory_bytes", "slots_per_worker"):
             value = getattr(self, name)
-            if name == "cpu_s" and value is None:
+            if name in ("cpu_s", "pool_memory_bytes") and value is None:
                 continue
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_LIMIT):
                 raise ValueError(f"{name} must be a positive integer up to 2**62, got {value!r}")
@@ -80,6 +85,20 @@ class SandboxConfig:
     @classmethod
     def from_json(cls, text: str) -> "SandboxConfig":
         return cls(**json.loads(text))
+
+
+def pool_memory_bytes(config: SandboxConfig, num_workers: int) -> int:
+    """``config.pool_memory_bytes``, or its default for this host; ValueError where it leaves a
+    template less than one call's ``memory_bytes``."""
+    bound = config.pool_memory_bytes
+    if bound is None:
+        with open("/proc/meminfo") as f:
+            total = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemTotal:"))
+        bound = max(total // 2, num_workers * config.memory_bytes)
+    if bound // num_workers < config.memory_bytes:
+        raise ValueError(f"pool_memory_bytes ({bound}) must leave each of the {num_workers} templates at least "
+                         f"one call's memory_bytes ({config.memory_bytes})")
+    return bound
 
 
 def default_num_workers() -> int:

@@ -34,6 +34,7 @@ import signal
 
 from rstar2_jax.sandbox.config import SandboxConfig
 
+CLONE_FILES = 0x00000400
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000

@@ -35,7 +35,7 @@ from typing import Sequence
 from multiprocess.connection import Connection, wait
 
 import rstar2_jax
-from rstar2_jax.sandbox.config import SandboxConfig, default_num_workers
+from rstar2_jax.sandbox.config import SandboxConfig, default_num_workers, pool_memory_bytes
 from rstar2_jax.sandbox.executor import Call, as_code_and_stdin
 from rstar2_jax.sandbox.result import STATUSES, ExecResult, sandbox_error
 from rstar2_jax.sandbox.session import Cell, Session, check_replay, new_seed
@@ -120,10 +120,12 @@ class SandboxPool:
     """
 
     def __init__(self, num_workers: int | None = None, timeout_s: float = 4.0, **limits):
-        self.config = SandboxConfig(timeout_s=timeout_s, **limits)
+        config = SandboxConfig(timeout_s=timeout_s, **limits)
         self.num_workers = default_num_workers() if num_workers is None else num_workers
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        # Resolved once: every template, replacements included, gets the same share.
+        self.config = dataclasses.replace(config, pool_memory_bytes=pool_memory_bytes(config, self.num_workers))
         if self.num_workers * self.config.slots_per_worker > _UID_BLOCK:
             raise ValueError(f"num_workers * slots_per_worker must be <= {_UID_BLOCK}")
         self._uid_base = _uid_base()
@@ -278,10 +280,12 @@ class SandboxPool:
         from_template_r, from_template_w = os.pipe()
         # -P: the working directory ("/") is not put on sys.path (calls would see all of it).
         argv = [sys.executable, "-P", "-m", "rstar2_jax.sandbox.template", str(to_template_r),
-                str(from_template_w), str(index), str(self._uid_base), self.config.to_json()]
+                str(from_template_w), str(index), str(self.num_workers), str(self._uid_base), self.config.to_json()]
         # subprocess uses fork+exec in C with no Python running in between: safe beside JAX threads.
+        # A process group of its own: a terminal's Ctrl-C goes to the caller, which closes the pool,
+        # and not to the template, which would die on it with a traceback.
         proc = subprocess.Popen(argv, pass_fds=(to_template_r, from_template_w), env=self._env, cwd="/",
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, process_group=0)
         os.close(to_template_r)
         os.close(from_template_w)
         return _Worker(index, proc, Connection(from_template_r, writable=False),

@@ -9,16 +9,19 @@ user's code (the runner's own frames are hidden) and names the source ``<tool_co
 A call of a session (``rstar2_jax.sandbox.session``) first replays the session's earlier cells
 in the same namespace (sources ``<cell 1>``, ``<cell 2>``, ...), with file descriptors 1 and 2
 on ``/dev/null``, each cell's stdin on ``sys.stdin`` and every exception swallowed, then runs its
-code as above.
+code as above. What the replayed cells leave behind stays silent (``replay_cells``).
 """
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import json
 import linecache
 import os
 import random
+import signal
+import socket
 import sys
 import traceback
 
@@ -56,6 +59,49 @@ class _TrackingFileIO(io.FileIO):
 
 
 _stdout_raw: _TrackingFileIO | None = None
+# Streams a replay left to the threads of its cells: kept, so that they are never flushed into
+# the new cell's output when they are collected.
+_retired_streams: list = []
+
+
+def _open_stdio() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
+    """New text streams on descriptors 1 and 2, for ``sys.stdout`` and ``sys.stderr`` (stdout
+    tracked, for the trailing-expression rule)."""
+    global _stdout_raw
+    _stdout_raw = _TrackingFileIO(1, "w", closefd=False)
+    return (io.TextIOWrapper(io.BufferedWriter(_stdout_raw), encoding="utf-8", errors="backslashreplace"),
+            io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                             encoding="utf-8", errors="backslashreplace", line_buffering=True))
+
+
+class _CallersOnly:
+    """A text stream that ignores threads without the call's descriptor: those left by replayed
+    cells, whose descriptor table has ``/dev/null`` where the call's has its pipe. Their writes
+    are dropped, and so are their flushes, which would send the call's buffered output to
+    ``/dev/null``."""
+
+    def __init__(self, stream, fd: int):
+        self._stream, self._fd, self._inode = stream, fd, os.fstat(fd).st_ino
+
+    def _callers(self) -> bool:
+        try:
+            return os.fstat(self._fd).st_ino == self._inode
+        except OSError:
+            return False
+
+    def write(self, text):
+        return self._stream.write(text) if self._callers() else len(text)
+
+    def writelines(self, lines):
+        if self._callers():
+            self._stream.writelines(lines)
+
+    def flush(self):
+        if self._callers():
+            self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _nothing_printed() -> bool:
@@ -101,11 +147,23 @@ def replay_cells(cells: list[list[str]], namespace: dict) -> None:
     """Run a session's earlier cells ``[[code, stdin], ...]`` in ``namespace``: output to
     ``/dev/null`` (at the descriptor level, so that subprocesses and ``os.write`` are silent
     too), each cell's stdin on ``sys.stdin``, every exception swallowed (a cell that failed
-    half-way keeps what it did before the failing line, as in a live kernel)."""
+    half-way keeps what it did before the failing line, as in a live kernel).
+
+    What the cells leave behind stays silent in the new cell: the call's descriptors 1 and 2
+    are not in the process while the cells run (they wait in a message queued on a socket,
+    whose peer is closed, so no descriptor a cell writes to leads to them; only a cell that
+    receives that message itself could take them, and only into its own session); the main thread
+    takes them back into a descriptor table of its own, so threads the cells started keep
+    ``/dev/null``, and their Python-level writes are dropped; interval timers are disarmed;
+    their garbage is never collected, so its finalizers never run."""
     if not cells:
         return
-    stdin = sys.stdin
-    saved = os.dup(1), os.dup(2)
+    # The call's stdout and stderr travel in a message queued on a socket, outside every
+    # descriptor table, while the cells run.
+    held, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    socket.send_fds(sender, [b"f"], [1, 2])
+    sender.close()
+    call_pid, stdin = os.getpid(), sys.stdin
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
@@ -121,16 +179,30 @@ def replay_cells(cells: list[list[str]], namespace: dict) -> None:
             except BaseException:  # SystemExit and KeyboardInterrupt included: the cell ended there
                 pass
             _flush_stdio()  # into /dev/null, before the descriptors are restored
+        for timer in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+            signal.setitimer(timer, 0)
+        # What the cells made, garbage included, is never collected in this call: no finalizer
+        # of theirs runs in the new cell (a full collection here would cost ~0.3 ms).
+        gc.freeze()
+        _flush_stdio()
     finally:
         sys.stdin = stdin
-        if _stdout_raw is not None:
-            _stdout_raw.wrote = False  # what the replay printed does not hide the new cell's value
-        for fd, target in zip(saved, (1, 2)):
-            try:
+        _retired_streams.append((sys.stdout, sys.stderr))
+        try:
+            if os.getpid() != call_pid:  # a process a replayed cell forked, come this far: stays silent
+                raise OSError("not the call's process")
+            containment.unshare(containment.CLONE_FILES)
+            _, fds, _, _ = socket.recv_fds(held, 1, 2)
+            for fd, target in zip(fds, (1, 2)):
                 os.dup2(fd, target)
                 os.close(fd)
-            except OSError:  # a replayed cell closed it: the new cell's stream stays silent
-                pass
+            held.close()
+        except OSError:  # a replayed cell broke the hand-back: the new cell's output stays silent
+            pass
+        out, err = _open_stdio()
+        if len(os.listdir("/proc/self/task")) > 1:  # threads of the replayed cells run on
+            out, err = _CallersOnly(out, 1), _CallersOnly(err, 2)
+        sys.stdout, sys.stderr = out, err
 
 
 def run_code(code: str, namespace: dict | None = None) -> int:
@@ -204,6 +276,10 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
             containment.unshare(containment.CLONE_NEWNS | containment.CLONE_NEWIPC)
             scratch = filesystem.enter_call_filesystem(config.scratch_bytes, uid, list(spec.rebind))
         os.chdir(scratch)
+        # Under the host's memory pressure the kernel kills calls first, never the trainer
+        # before them; set while privileged, so the call cannot lower it again.
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
         containment.set_call_limits(config, level)
         if level != "none":
             containment.drop_privileges(uid)
@@ -214,12 +290,7 @@ def child_main(spec, slot: int, scratch: str | None, code_fd: int, stdin_fd: int
         os.environ.update(_CALL_ENV, HOME=scratch, TMPDIR=scratch)
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                      encoding="utf-8", errors="replace")
-        global _stdout_raw
-        _stdout_raw = _TrackingFileIO(1, "w", closefd=False)
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(_stdout_raw), encoding="utf-8",
-                                      errors="backslashreplace")
-        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-                                      encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        sys.stdout, sys.stderr = _open_stdio()
         _reseed_rngs(program["seed"])
         os.write(3, READY)
         os.close(3)

@@ -2,7 +2,7 @@
 of one worker of the pool.
 
 Started by the pool as ``python -P -m rstar2_jax.sandbox.template <in_fd> <out_fd> <worker>
-<uid_base> <config-json>`` with an environment built from scratch (``pool``). It imports and
+<num_workers> <uid_base> <config-json>`` with an environment built from scratch (``pool``). It imports and
 exercises the usual math modules once, sets up its containment (cgroups, namespaces, the
 minimal root), then forks the zygote (``zygote``): a warm copy that has seen no call, from which
 every call is forked (~3 ms instead of ~0.4 s for a fresh interpreter that imports numpy and
@@ -47,6 +47,12 @@ _READ_CHUNK = 1 << 16
 # zygote's socket (whose queue holds 10 messages) and keeps killing calls at their deadline
 # while the zygote forks: forks are slow on a loaded host.
 _STARTING_MAX = 4
+# A stream that delivered less than _QUIET_BYTES in one wakeup is not watched again for
+# _QUIET_S: a call writing a byte at a time would otherwise wake the template (outside the
+# call's CPU cgroup) for every byte. The call's exit is reported by the zygote, and what is left
+# in its pipes is read then, so this delays no result.
+_QUIET_BYTES = 4096
+_QUIET_S = 0.01
 
 
 def _has_exited(pidfd: int) -> bool:
@@ -127,6 +133,7 @@ class Template:
         self.pending: collections.deque[dict] = collections.deque()
         self.calls: dict[int, _Call] = {}  # by call id
         self.fd_owner: dict[int, tuple[_Call, str]] = {}
+        self.quiet: dict[int, float] = {}  # stream fd -> when it is watched again (monotonic)
         self.scratch_root = None
         if self.level != "namespaces":
             self.scratch_root = tempfile.mkdtemp(prefix="rstar2-sandbox-")
@@ -213,14 +220,20 @@ class Template:
     def read_stream(self, call: _Call, kind: str) -> None:
         """Read what is available (non-blocking); kill the call if it passes the byte cap."""
         fd, buf = (call.out_fd, call.out) if kind == "out" else (call.err_fd, call.err)
+        received = 0
         while True:
             try:
                 chunk = os.read(fd, _READ_CHUNK)
             except BlockingIOError:
+                if received < _QUIET_BYTES and fd not in self.quiet:
+                    self.poller.modify(fd, 0)  # only hang-ups are reported until then
+                    self.quiet[fd] = time.monotonic() + _QUIET_S
                 return
+            received += len(chunk)
             if not chunk:
                 self.poller.unregister(fd)
                 self.fd_owner.pop(fd, None)
+                self.quiet.pop(fd, None)
                 return
             room = self.config.output_limit_bytes - len(buf)
             buf += chunk[:room]
@@ -252,6 +265,7 @@ class Template:
     def release(self, call: _Call) -> None:
         """Close the call's descriptors and free its slot."""
         for fd in (call.out_fd, call.err_fd):
+            self.quiet.pop(fd, None)
             if fd in self.fd_owner:
                 self.poller.unregister(fd)
                 del self.fd_owner[fd]
@@ -345,9 +359,10 @@ class Template:
         starting = sum(c.pidfd is None for c in self.calls.values())
         for _ in range(min(_STARTING_MAX - starting, len(self.pending), len(self.free_slots))):
             self.launch(self.pending.popleft())
-        deadlines = [c.deadline for c in self.calls.values() if c.forced is None and c.pidfd is not None]
-        if deadlines:
-            timeout_ms = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+        wake_at = [c.deadline for c in self.calls.values() if c.forced is None and c.pidfd is not None]
+        wake_at += self.quiet.values()
+        if wake_at:
+            timeout_ms = max(0, int((min(wake_at) - time.monotonic()) * 1000) + 1)
         else:
             timeout_ms = None
         for fd, _ in self.poller.poll(timeout_ms):
@@ -359,6 +374,10 @@ class Template:
                 call, kind = self.fd_owner[fd]
                 self.read_stream(call, kind)
         now = time.monotonic()
+        for fd, until in list(self.quiet.items()):
+            if now >= until:
+                del self.quiet[fd]
+                self.poller.modify(fd, select.POLLIN)
         for call in list(self.calls.values()):
             # A call that exited before its deadline is finished on the zygote's report, not
             # killed: however late we look, it did not time out.
@@ -396,8 +415,8 @@ def choose_level(requested: str, paths: list[str], slots: int) -> tuple[str, int
 
 
 def main(argv: list[str]) -> None:
-    in_fd, out_fd, worker, uid_base = map(int, argv[:4])
-    config = SandboxConfig.from_json(argv[4])
+    in_fd, out_fd, worker, num_workers, uid_base = map(int, argv[:5])
+    config = SandboxConfig.from_json(argv[5])
     conn_in = Connection(in_fd, writable=False)
     conn_out = Connection(out_fd, readable=False)
     try:
@@ -410,7 +429,8 @@ def main(argv: list[str]) -> None:
             # data and checkpoints).
             paths = filesystem.installation_paths(hidden=os.path.dirname(os.path.dirname(rstar2_jax.__file__)))
         # Cgroups first: their filesystem is not part of the minimal root.
-        cgroups = SlotCgroups.create(config.slots_per_worker, config.memory_bytes)
+        cgroups = SlotCgroups.create(config.slots_per_worker, config.memory_bytes,
+                                     config.pool_memory_bytes // num_workers)
         level, pidns, slot_netns = choose_level(config.isolation, paths, config.slots_per_worker)
         uids = tuple(uid_base + worker * config.slots_per_worker + s for s in range(config.slots_per_worker))
         spec = zygote.CallSpec(

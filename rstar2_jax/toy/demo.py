@@ -1,6 +1,6 @@
 """The main job: a CPU toy that trains tool use end to end, in minutes.
 
-    python -m rstar2_jax demo [out=runs/demo] [key=value ...]      # fields of DemoConfig
+    python -m rstar2_jax demo [--tiny] [out=runs/demo] [key=value ...]   # fields of DemoConfig
 
 Phases, in order, each timed (``<out>/`` holds everything it writes):
 
@@ -36,6 +36,7 @@ from rstar2_jax.runtime import RolloutRuntime
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 from rstar2_jax.toy.format import TOY_FORMAT
+from rstar2_jax.toy.sft_data import DemoMix
 from rstar2_jax.train.configs import (
     CheckpointConfig,
     MeshConfig,
@@ -115,8 +116,9 @@ class DemoConfig:
 
     @classmethod
     def smoke(cls, out: str) -> DemoConfig:
-        """Tiny settings for tests and notebooks: every phase runs, in about a minute, and the
-        model learns next to nothing."""
+        """The fastest settings on the main job's task mix, for the testbed's pipeline test:
+        every phase runs in about 20 s, but the model learns next to nothing and RL keeps no
+        group (use `tiny` for a run that trains)."""
         return cls(
             out=out, data=ToyDataConfig(n_train=64, n_test=8, n_sft=32, vocab_size=400),
             model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -129,6 +131,34 @@ class DemoConfig:
             rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False,
                                     tool_timeout_s=2.0, sandbox_workers=1),
             max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
+
+    @classmethod
+    def tiny(cls, out: str = "runs/demo_tiny") -> DemoConfig:
+        """The smallest run that learns (``python -m rstar2_jax demo --tiny``): every phase in
+        about a minute on 2 cores, and its RL steps keep groups and update the policy (seed 0:
+        2, 6, 3 and 6 groups of 8; another seed may keep fewer, and a step none).
+
+        One problem kind, divisor counts, whose answers are mostly 4, 8, 12 or 16: a policy that
+        has learnt the answer format after ~100 SFT steps already guesses right on about one
+        rollout in four (a call to the tool needs the question's number copied, which takes the
+        main job's 1000 SFT steps), so groups hold both right and wrong answers from the first
+        RL step on. Demonstrations without a failing first call: their tracebacks would not fit
+        the short response budget. docs/toy.md has the measured figures.
+        """
+        return cls(
+            out=out, data=ToyDataConfig(n_train=256, n_test=16, n_sft=64, vocab_size=400,
+                                        kinds=["divisor_count"],
+                                        mix=DemoMix(tool=0.5, first_call_error=0.0, no_tool=0.5)),
+            model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                           num_kv_heads=1, head_dim=16),
+            sft_epochs=30, sft_batch_size=8,
+            sft_optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0),
+            rl=RLConfig(questions_per_step=8, rollouts_per_question=4, group_size=2,
+                        temperature=0.6, max_prompt_tokens=64),
+            rl_steps=4, rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
+            rollout=RolloutSettings(num_slots=32, chunk=16, show_tool_time=False,
+                                    tool_timeout_s=2.0, sandbox_workers=1),
+            max_turns=2, max_response_tokens=160, eval_problems=8, eval_samples=4)
 
     @property
     def limits(self) -> RolloutLimits:
@@ -146,19 +176,29 @@ class DemoConfig:
         if not 1 <= self.eval_problems <= self.data.n_test:
             raise ValueError(f"eval_problems must be in 1..data.n_test={self.data.n_test}, "
                              f"got {self.eval_problems}")
+        if self.rl.questions_per_step > self.data.n_train:
+            raise ValueError(f"rl.questions_per_step={self.rl.questions_per_step} exceeds the "
+                             f"data.n_train={self.data.n_train} training problems")
         if self.eval_samples < 1 or self.rl_steps < 1 or self.sft_epochs < 1:
             raise ValueError("eval_samples, rl_steps and sft_epochs must be >= 1")
 
 
 @dataclass(frozen=True)
 class DemoSummary:
-    """What the job measured: the evaluations of both policies, the wall time of each phase and
-    what each phase compiled (``compiles["total"]`` for the whole job)."""
+    """What the job measured: the evaluations of both policies, the wall time of each phase,
+    what each phase compiled (``compiles["total"]`` for the whole job) and the groups each RL
+    step kept (a step that kept none made no update)."""
 
     sft: EvalReport
     rl: EvalReport
     seconds: dict[str, float]
     compiles: dict[str, CompileStats]
+    kept_groups: list[int]
+
+    @property
+    def steps_without_update(self) -> int:
+        """RL steps whose selection kept no group, so that the policy did not change."""
+        return sum(k == 0 for k in self.kept_groups)
 
     @property
     def gain(self) -> float:
@@ -178,6 +218,10 @@ class DemoSummary:
                  f"{'':<22}{'after SFT':>12}{'after RL':>12}"]
         lines += [f"{name:<22}{cell(self.sft):>12}{cell(self.rl):>12}" for name, cell in rows]
         lines.append(f"RL gain in avg pass@1: {100 * self.gain:+.1f} points")
+        lines.append("groups kept per RL step: " + " ".join(map(str, self.kept_groups)))
+        if self.steps_without_update:
+            lines.append(f"WARNING: {self.steps_without_update} of {len(self.kept_groups)} RL steps "
+                         "kept no group (all rewards of every group equal) and did not update the policy")
         lines.append("wall time: " + ", ".join(f"{p} {s:.0f} s" for p, s in self.seconds.items()))
         lines.append("compilation: " + self.compiles["total"].summary() + "; RL phase: "
                      + self.compiles["rl"].summary())
@@ -185,7 +229,7 @@ class DemoSummary:
 
     def to_json(self) -> dict:
         return {"after_sft": dataclasses.asdict(self.sft), "after_rl": dataclasses.asdict(self.rl),
-                "pass1_gain": self.gain, "seconds": self.seconds,
+                "pass1_gain": self.gain, "seconds": self.seconds, "kept_groups": self.kept_groups,
                 "compiles": {p: dataclasses.asdict(c) for p, c in self.compiles.items()}}
 
 
@@ -203,12 +247,12 @@ def toy_model_config(shape: ToyModel, tokenizer):
         eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id)
 
 
-def sft_seq_len(data: Path, tokenizer, max_len: int) -> int:
-    """SFT sequence length for the demonstrations in ``data``: the longest one, rounded up to a
-    multiple of 16. Tool output in the demonstrations is real (tracebacks differ between Python
-    versions), so a fixed length would fail on some machine; raises ValueError when a
-    demonstration exceeds ``max_len`` (the model's positions)."""
-    longest = max(len(ids) for ids, _ in Conversations(str(data), tokenizer, TOY_FORMAT, max_len))
+def sft_seq_len(examples: Conversations, max_len: int) -> int:
+    """SFT sequence length for the encoded demonstrations ``examples``: the longest one, rounded
+    up to a multiple of 16, at most ``max_len`` (the model's positions, which ``examples`` were
+    checked against). Tool output in the demonstrations is real (tracebacks differ between
+    Python versions), so a fixed length would fail on some machine."""
+    longest = max(len(ids) for ids, _ in examples)
     return min(-(-longest // 16) * 16, max_len)
 
 
@@ -233,6 +277,18 @@ def rl_config(cfg: DemoConfig, out: Path, name: str) -> RLJobConfig:
         rollout=cfg.rollout)
 
 
+def weight_change(before: str | Path, after: str | Path) -> float:
+    """The largest absolute difference between the weights of two Hugging Face model
+    directories of one shape (0.0: the policy did not move, e.g. an RL run that never updated)."""
+    import jax
+    import numpy as np
+
+    from rstar2_jax.model import load_hf
+
+    (_, a), (_, b) = load_hf(before), load_hf(after)
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def export_model(run_dir: Path, output: Path, tokenizer) -> None:
     """The newest checkpoint of ``run_dir`` as a Hugging Face model directory with its tokenizer."""
     from rstar2_jax.train.checkpoint import export_hf
@@ -255,8 +311,11 @@ def train_sft_policy(cfg: DemoConfig, sandbox, *, progress: bool = True) -> None
     model_config = toy_model_config(cfg.model, tokenizer)
     save_hf(out / "init_model", model_config, init_params(model_config, jax.random.key(cfg.seed)))
     tokenizer.save_pretrained(out / "init_model")
-    seq_len = sft_seq_len(out / "data" / "sft.jsonl", tokenizer, model_config.max_position_embeddings)
-    run_sft(sft_config(cfg, out, seq_len), progress=progress)
+    # Encoded once: for the sequence length, and to train on.
+    examples = Conversations(str(out / "data" / "sft.jsonl"), tokenizer, TOY_FORMAT,
+                             model_config.max_position_embeddings)
+    config = sft_config(cfg, out, sft_seq_len(examples, model_config.max_position_embeddings))
+    run_sft(config, progress=progress, examples=examples)
     export_model(out / "sft", out / "sft_model", tokenizer)
 
 
@@ -347,7 +406,8 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
             plot_curves({cfg.rl.algorithm: read_metrics(out / "rl")}, out / "curves.png")
         compiles["total"] = counter.snapshot()
     seconds["total"] = time.perf_counter() - start
-    summary = DemoSummary(after_sft, after_rl, seconds, compiles)
+    kept = [int(r["groups/kept"]) for r in read_metrics(out / "rl")]
+    summary = DemoSummary(after_sft, after_rl, seconds, compiles, kept)
     (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     if progress:
         print(summary.table(), flush=True)

@@ -2,7 +2,7 @@
 
 Defaults are the paper's (rStar2-Agent §4-5 and the released verl recipe): AdamW at lr 1e-6,
 constant after 20 linear warmup steps, weight decay 0.01, global-norm clip 1.0; GRPO-RoC
-(Clip-Higher 0.2/0.28, no KL and no entropy term); temperature 1.0; 2G = 32 rollouts per
+(Clip-Higher 0.2/0.28, no KL and no entropy term, no reference policy); temperature 1.0; 2G = 32 rollouts per
 question, G = 16 kept; 512 questions per step.
 
 Load them with :func:`rstar2_jax.config.load_config` (YAML + ``key=value`` overrides).
@@ -17,7 +17,8 @@ import jax
 from omegaconf import MISSING
 
 from rstar2_jax import chat
-from rstar2_jax.algorithms import RolloutCorrection, resolve_algorithm
+from rstar2_jax.algorithms import KL_PENALTIES, RolloutCorrection, resolve_algorithm
+from rstar2_jax.algorithms.regularizers import KLPenalty
 from rstar2_jax.model import ModelConfig
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 
@@ -206,6 +207,15 @@ class RLConfig:
     causes. bfloat16 serving of a dense model stays far below the default 0.05 (the toy:
     ~0.001); a sampling temperature other than ``temperature`` (the toy: 0.05 at 0.5 against
     1.0, 0.3 at 1.5) or weights from another checkpoint go above it; None turns the check off.
+
+    ``entropy_coef`` and ``kl_coef`` add an entropy bonus and a KL penalty to the reference
+    policy to any algorithm's loss, aggregated as that loss aggregates (``kl_penalty`` picks
+    the per-token KL estimate, verl's names: `rstar2_jax.algorithms.regularizers`); 0, the
+    paper's setting, adds nothing. ``reference`` keeps the stage's initial weights, frozen, as
+    the reference policy: its log-probs of each step's tokens are computed with the old ones
+    (one more forward, no backward) and given to losses that take ``ref_logp``, and the step
+    logs ``ref_kl``. It costs a copy of the weights in the compute dtype; off (the default)
+    it costs nothing. ``kl_coef`` needs it.
     """
 
     questions_per_step: int = 512
@@ -221,6 +231,10 @@ class RLConfig:
     packed: bool = True
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     first_step_gap_limit: float | None = 0.05
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_penalty: KLPenalty = "low_var_kl"
+    reference: bool = False
 
     def __post_init__(self):
         _check(self.questions_per_step >= 1,
@@ -239,6 +253,13 @@ class RLConfig:
         _check(self.logprob_chunk >= 1, f"rl.logprob_chunk must be >= 1, got {self.logprob_chunk}")
         _check(self.first_step_gap_limit is None or self.first_step_gap_limit > 0,
                f"rl.first_step_gap_limit must be > 0 or null, got {self.first_step_gap_limit}")
+        _check(self.entropy_coef >= 0, f"rl.entropy_coef must be >= 0, got {self.entropy_coef}")
+        _check(self.kl_coef >= 0, f"rl.kl_coef must be >= 0, got {self.kl_coef}")
+        _check(self.kl_penalty in KL_PENALTIES,
+               f"rl.kl_penalty must be one of {', '.join(KL_PENALTIES)}, got {self.kl_penalty!r}")
+        _check(self.kl_coef == 0 or self.reference,
+               f"rl.kl_coef={self.kl_coef} penalises the KL to the reference policy, and there is "
+               f"none: set rl.reference=true (the stage's initial weights)")
 
 
 @dataclass(frozen=True)

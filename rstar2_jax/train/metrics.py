@@ -16,8 +16,22 @@ from typing import Iterator, Mapping
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-# Shown next to the progress bar when a run logs them.
-_PROGRESS_KEYS = ("loss", "reward_mean", "accuracy", "grad_norm", "perf/tokens_per_s")
+# Shown next to the progress bar, under a short name, when a run logs them (SFT: loss, grad
+# norm, throughput; RL also the reward, the share of questions solved and the groups kept).
+PROGRESS_KEYS = {"loss": "loss", "reward/mean": "reward", "reward/question_accuracy": "solved",
+                 "groups/kept": "kept_groups", "grad_norm": "grad_norm", "perf/tokens_per_s": "tok/s"}
+
+
+def progress_fields(record: Mapping[str, float]) -> dict[str, str]:
+    """The progress bar's postfix for one step's record: the `PROGRESS_KEYS` it has, and a
+    ``warning`` when it holds a non-finite value or an RL step that kept no group (no update)."""
+    shown = {label: f"{record[k]:.4g}" for k, label in PROGRESS_KEYS.items() if k in record}
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        shown["non-finite"] = ",".join(bad)
+    if record.get("groups/kept") == 0:
+        shown["warning"] = "no group kept, no update"
+    return shown
 
 
 class MetricsLogger:
@@ -47,16 +61,12 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step} | {k: float(v) for k, v in metrics.items()}
-        bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         for name, value in record.items():
             if name != "step":
                 self._tensorboard.add_scalar(name, value, step)
-        shown = {k: f"{record[k]:.4g}" for k in _PROGRESS_KEYS if k in record}
-        if bad:
-            shown["non-finite"] = ",".join(bad)
-        self._bar.set_postfix(shown, refresh=False)
+        self._bar.set_postfix(progress_fields(record), refresh=False)
         self._bar.update(step - self._bar.n)
 
     def close(self) -> None:

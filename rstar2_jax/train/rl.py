@@ -15,8 +15,9 @@ The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algor
 one passed to `run_rl`.
 
 The sampler reads the updated params directly: same process, no weight copy. Across several
-processes each host rolls out its own share of the questions with its own tool and verifier
-pools and trains on rows of its own rollouts (`rstar2_jax.hosts`). Everything random
+processes the hosts take the step's questions from a shared queue as their engines free rows,
+roll them out with their own tool and verifier pools, exchange the trajectories, and each trains
+on the rollouts of its block of the step's questions (`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -35,12 +37,14 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.hosts import gather, serving_params, share as host_share
+from rstar2_jax.hosts import claims, gather, gather_questions, serving_params, share as host_share
+from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
-from rstar2_jax.sampler import AgentSampler, SamplingParams
+from rstar2_jax.sampler import AgentSampler, SamplingParams, Trajectory
 from rstar2_jax.sampler.engine import bucket
 from rstar2_jax.tokenizer import open_tokenizer
+from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.rl_data import (
     check_algorithm,
@@ -50,8 +54,8 @@ from rstar2_jax.train.rl_data import (
     rollout_metrics,
     select_rollouts,
 )
-from rstar2_jax.train.rl_update import RLUpdate
-from rstar2_jax.train.run import start_run
+from rstar2_jax.train.rl_update import RLUpdate, train_loss
+from rstar2_jax.train.run import Run, start_run
 from rstar2_jax.train.step import TrainState
 
 log = logging.getLogger(__name__)
@@ -87,44 +91,50 @@ class RLLoop:
         rl = self.config.rl
         n = rl.rollouts_per_question
         indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
-        share = host_share(len(indices))  # this process's questions (rstar2_jax.hosts)
-        problems = [self.problems[i] for i in indices[share]]
+        problems = [self.problems[i] for i in indices]
         prompts = [chat.encode_prompt(self.tokenizer, p.question, self.fmt) for p in problems]
         step_key = jax.random.fold_in(rng, step)
         rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
+        # Each host takes the step's questions from a shared queue as its rows free up
+        # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, serving_params(state.params), problems, prompts, n,
-            rollout_seed, first_sequence=share.start * n)
+            rollout_seed, claim=claims(len(problems)))
+        trajs, rewards = _all_questions(trajs, rewards, n)
         hosts = gather({
-            "rollouts": rollout_arrays(trajs, rewards),
-            "response_lengths": np.array([len(t.response_ids) for t in trajs], np.int32),
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
             "counts": np.array([[stats.generated_tokens, stats.preemptions]], np.int64)})
-        rollouts = hosts["rollouts"]
+        rollouts = rollout_arrays(trajs, rewards)
         kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
                                rl.group_size)
         rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
         tokens, preemptions = hosts["counts"].sum(axis=0)
-        metrics = rollout_metrics(rollouts, kept, hosts["response_lengths"]) | {
+        response_lengths = np.array([len(t.response_ids) for t in trajs], np.int32)
+        metrics = rollout_metrics(rollouts, kept, response_lengths) | {
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,
             "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
             "rollouts/preemptions": preemptions}
         start = time.perf_counter()
         if kept.index.size:
+            # Each process trains on the rollouts of its block of the step's questions, whichever
+            # host sampled them: the update is the same whatever each host took.
             limits = self.config.limits
+            share = host_share(len(indices))
             mine = kept.share(share.start * n, share.stop * n)
-            most = int(np.bincount(kept.index // len(trajs)).max())  # kept rows of the fullest host
-            batch = make_batch(trajs, mine, pad_id=self.pad_id,
+            block = trajs[share.start * n:share.stop * n]
+            most = int(np.bincount(kept.index // len(block)).max())  # kept rows of the fullest host
+            batch = make_batch(block, mine, pad_id=self.pad_id,
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
                                rows=bucket(most, minimum=1))
-            check_trained_ids(batch, trajs, mine, self._encode_tool_response)
+            check_trained_ids(batch, block, mine, self._encode_tool_response)
             check = None if self.checked_mismatch else self._check_mismatch
             state, update_metrics = self.update(state, batch, check=check)
             self.checked_mismatch = True
             metrics |= update_metrics
         else:
-            log.info("step %d: the selection kept no rollout to train on; no update", step + 1)
+            log.warning("RL step %d: the selection kept no rollout to train on (every group's "
+                        "rewards were equal); no update", step + 1)
         metrics["time/update_s"] = time.perf_counter() - start
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
         # One RL step may take several optimizer updates (mini-batches) or none; the train
@@ -155,10 +165,49 @@ class RLLoop:
             f"or set it to null, if the gap is expected")
 
 
+def _all_questions(trajs: list[Trajectory], rewards: np.ndarray,
+                   n: int) -> tuple[list[Trajectory], np.ndarray]:
+    """The step's trajectories (question-major) and rewards `[questions, n]` from every
+    process's: ``trajs`` are this process's, of the questions it took, ``rewards`` its
+    `[questions, n]` (0 for the others' questions)."""
+    mine = {}
+    for q in sorted({t.prompt_index for t in trajs}):
+        ran = trajs[len(mine) * n:(len(mine) + 1) * n]
+        mine[q] = {"trajectories": [t.record() for t in ran], "rewards": rewards[q].tolist()}
+    every = gather_questions(len(rewards), mine)
+    return ([Trajectory.from_record(t) for q in every for t in q["trajectories"]],
+            np.array([q["rewards"] for q in every], np.float32).reshape(rewards.shape))
+
+
 @jax.jit
 def _set_step(old: jax.Array, new: int) -> jax.Array:
     # Under jit, so that a step counter shared by several processes is set by each of them.
     return jnp.full_like(old, new)
+
+
+def reference_params(config: RLJobConfig, run: Run):
+    """The reference policy of ``rl.reference``: the stage's initial weights, as a copy in the
+    compute dtype laid out like the params (the forward casts weights to that dtype anyway, so
+    the copy gives the same log-probs as the weights it was taken from). At the stage's first
+    step they are the run's params; a resumed run reads them again where the stage started
+    from (the newest checkpoint of ``stage.init_from``, else ``model.path``)."""
+    params = run.state.params
+    if run.step != run.start_step:  # resumed: the params have moved
+        if config.stage.init_from is not None:
+            previous = Checkpointer(Path(config.stage.init_from) / "checkpoints")
+            restored = previous.restore_latest(run.state, params_only=True)
+            previous.close()
+            if restored is None:
+                raise FileNotFoundError(f"stage.init_from={config.stage.init_from!r} has no "
+                                        "readable checkpoint to read the reference policy from")
+            params = restored.state.params
+        else:
+            _, params = load_hf(config.model.path, dtype=config.precision.params)
+    dtype = run.compute_config.jnp_dtype
+    shardings = jax.tree.map(lambda x: x.sharding, run.state.params)
+    # A copy even in the same dtype: the train step donates (frees) the params it is given.
+    return jax.jit(lambda p: jax.tree.map(lambda x: jnp.copy(x.astype(dtype)), p),
+                   out_shardings=shardings)(params)
 
 
 def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
@@ -177,7 +226,9 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
                           f"evenly over the run's {jax.process_count()} processes")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
-    check_algorithm(algorithm, config.rl.rollouts_per_question, config.rl.group_size,
+    # The loss as the update will train with it: with the run's entropy bonus and KL penalty.
+    check_algorithm(dataclasses.replace(algorithm, loss=train_loss(algorithm.loss, config.rl)),
+                    config.rl.rollouts_per_question, config.rl.group_size,
                     token_advantages=config.rl.rollout_correction.weights != "none")
     if runtime is None:
         with RolloutRuntime(config.rollout) as runtime:
@@ -207,7 +258,8 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                                     SamplingParams(temperature=config.rl.temperature), fmt),
             update=RLUpdate(run.compute_config, config.rl, run.optimizer, mesh=run.mesh,
                             param_specs=run.param_specs, params=run.state.params,
-                            loss=algorithm.loss),
+                            loss=algorithm.loss,
+                            reference=reference_params(config, run) if config.rl.reference else None),
             pad_id=tokenizer.pad_token_id or 0)
         for step in range(run.step, run.end_step):
             state, metrics = loop.step(run.state, step, run.rng)

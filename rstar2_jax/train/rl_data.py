@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
-from rstar2_jax.algorithms import Algorithm, Rollouts, paper_penalty_terms
+from rstar2_jax.algorithms import Algorithm, Rollouts, loss_inputs, paper_penalty_terms
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler import Trajectory
 from rstar2_jax.sampler.engine import bucket
@@ -101,8 +101,9 @@ def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
 def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int, *,
                     token_advantages: bool = False) -> None:
     """Runs the algorithm's three functions on a tiny made-up step (two questions, one with
-    mixed rewards; one row of loss tokens) so that a mistake in them, or a selection that
-    cannot work with these sizes, fails before the first rollout. With ``token_advantages``
+    mixed rewards; one row of loss tokens; made-up values of the per-token inputs the loss
+    declares) so that a mistake in them, or a selection that cannot work with these sizes,
+    fails before the first rollout. With ``token_advantages``
     (a rollout correction with importance weights) the loss is also given `[rows, seq]`
     advantages, as the update will, and must return what it returns for the same values as
     `[rows]`. Raises ConfigError for sizes the selection cannot work with or a loss that does
@@ -110,10 +111,7 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     n = rollouts_per_question
     rewards = np.zeros((2, n), np.float32)
     rewards[1, : n // 2 or 1] = 1.0
-    ones = np.ones((2, n), np.int32)
-    rollouts = Rollouts(rewards, lengths=4 * ones, truncated=np.zeros((2, n), bool),
-                        tool_calls=ones, tool_errors=0 * ones, tool_error_mentions=0 * ones,
-                        answer_blocks=ones, answer_tags=2 * ones, turns=2 * ones)
+    rollouts = Rollouts.from_rewards(rewards, lengths=4, tool_calls=1, turns=2)
     try:
         select_rollouts(algorithm, jax.random.key(0), rollouts, group_size)
     except ValueError as e:
@@ -122,7 +120,9 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     logp = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]])
     mask = jnp.array([[1, 1, 0], [0, 0, 0]], bool)
     advantages = jnp.array([1.0, -1.0])
-    out = algorithm.loss(logp, logp, advantages, mask)
+    made_up = {"entropy": jnp.full(logp.shape, 0.7), "ref_logp": logp - 0.1}
+    inputs = {name: made_up[name] for name in loss_inputs(algorithm.loss)}
+    out = algorithm.loss(logp, logp, advantages, mask, **inputs)
     if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], dict)
             and jnp.ndim(out[0]) == 0 and jnp.ndim(out[1]) == 0):
         raise ValueError("the algorithm's loss must return (loss_sum, count, metric_sums): two "
@@ -130,7 +130,8 @@ def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size
     if token_advantages:
         # The same advantages repeated on every token must give the same loss.
         try:
-            per_token = algorithm.loss(logp, logp, jnp.broadcast_to(advantages[:, None], logp.shape), mask)
+            per_token = algorithm.loss(logp, logp, jnp.broadcast_to(advantages[:, None], logp.shape),
+                                       mask, **inputs)
             same = bool(jnp.allclose(per_token[0], out[0], rtol=1e-5)) and int(per_token[1]) == int(out[1])
         except Exception as e:  # a loss that refuses them, whatever it raises
             same, why = False, f" ({type(e).__name__}: {e})"
@@ -239,7 +240,12 @@ def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
     ``response_lengths``: ``[questions * n]`` tokens after each prompt (tool output included).
 
     A ratio with nothing to measure is absent from the dict, never 0: the tool-error ratios among
-    positives when there is no positive (or no positive called a tool), for example.
+    positives when there is no positive (or no positive called a tool), for example, and the
+    advantage statistics of a step that kept nothing.
+
+    ``advantages/{mean,abs_mean,min,max,nonzero_frac}`` are taken over the kept rollouts that
+    train, one value per rollout (the estimator's output, before any per-token rollout
+    correction), not per loss token: a long rollout counts once.
     """
     flat = rollouts.take(np.arange(rollouts.rewards.size))
     rewards = np.asarray(rollouts.rewards)
@@ -275,4 +281,10 @@ def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
     ratios = {"tools/error_ratio": error_ratio(np.ones_like(positive)),
               "tools/error_ratio_positives": error_ratio(positive),
               "tools/error_ratio_kept_positives": error_ratio(kept_positive)}
-    return metrics | {name: value for name, value in ratios.items() if value is not None}
+    metrics |= {name: value for name, value in ratios.items() if value is not None}
+    if len(kept.advantages):
+        a = np.asarray(kept.advantages, np.float64)
+        metrics |= {"advantages/mean": float(a.mean()), "advantages/abs_mean": float(np.abs(a).mean()),
+                    "advantages/min": float(a.min()), "advantages/max": float(a.max()),
+                    "advantages/nonzero_frac": float(np.mean(a != 0))}
+    return metrics

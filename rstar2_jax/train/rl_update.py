@@ -11,9 +11,13 @@ Input, one row per kept rollout, every per-token array aligned with ``tokens``::
 The update (1) recomputes the old log-probs with the training forward, since the sampler's
 numerics differ slightly from the trainer's and the ratio must start at exactly 1; their gap is
 reported as the sampler/trainer mismatch, and ``rl.rollout_correction`` turns it into importance
-weights on the advantages and a narrower loss mask (`rstar2_jax.algorithms.correction`);
-(2) splits the rows into ``mini_batches`` and takes one optimizer step per mini-batch with the
-algorithm's policy loss, accumulated exactly over micro-batches. With one mini-batch (the
+weights on the advantages and a narrower loss mask (`rstar2_jax.algorithms.correction`); with
+``rl.reference`` the same pass computes the reference policy's log-probs (a second forward with
+the frozen reference weights); (2) splits the rows into ``mini_batches`` and takes one optimizer
+step per mini-batch with the algorithm's policy loss, plus the run's entropy bonus and KL
+penalty if any (`train_loss`), accumulated exactly over micro-batches. The loss gets the
+per-token inputs it declares (`rstar2_jax.algorithms.loss_inputs`): ``entropy`` from its own
+forward, with its gradient; ``ref_logp`` from step (1). With one mini-batch (the
 released recipe) the ratio is 1 and nothing is clipped; with more, later mini-batches see a
 moved policy and clipping starts to act.
 
@@ -39,13 +43,21 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.algorithms import apply_correction, mismatch_metrics, resolve_algorithm
+from rstar2_jax.algorithms import (
+    apply_correction,
+    kl_penalty,
+    loss_inputs,
+    mismatch_metrics,
+    regularized,
+    resolve_algorithm,
+)
 from rstar2_jax.algorithms.algorithm import LossFn
+from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig
 from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
-from rstar2_jax.train.step import TrainState, make_train_step
+from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +73,39 @@ def _shift(batch: dict) -> dict:
             "advantages": batch["advantages"]}
 
 
+def train_loss(loss: LossFn, config: RLConfig) -> LossFn:
+    """The loss a run trains with: the algorithm's ``loss`` plus the run's entropy bonus and KL
+    penalty (`rstar2_jax.algorithms.regularized`; ``loss`` itself when both are off). Raises
+    ConfigError when they cannot be added to it, or when it takes reference log-probs and the
+    run has no reference."""
+    try:
+        loss = regularized(loss, entropy_coef=config.entropy_coef, kl_coef=config.kl_coef,
+                           kl_penalty=config.kl_penalty)
+    except ValueError as e:
+        raise ConfigError(f"rl.entropy_coef={config.entropy_coef}, rl.kl_coef={config.kl_coef}: {e}") from None
+    if "ref_logp" in loss_inputs(loss) and not config.reference:
+        raise ConfigError("the algorithm's loss takes ref_logp, the reference policy's log-probs, "
+                          "and the run has no reference policy: set rl.reference=true")
+    return loss
+
+
 def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig,
             loss: LossFn | None = None):
-    """``(loss_sum, count, metric_sums)`` of the policy loss on a micro-batch of shifted rows
-    (see :func:`_shift`) that also carry ``old_logp`` [rows, seq-1] (and, under a rollout
-    correction, per-token ``advantages`` [rows, seq-1] and its narrowed ``mask``): the trainer's
-    log-probs go to ``loss`` (default: the loss of the algorithm ``config.algorithm`` names),
-    whose result is the train step's contract as it is."""
+    """``(loss_sum, count, metric_sums)`` of ``loss`` on a micro-batch of shifted rows (see
+    :func:`_shift`) that also carry ``old_logp`` [rows, seq-1] (and, under a rollout
+    correction, per-token ``advantages`` [rows, seq-1] and its narrowed ``mask``; with a
+    reference, ``ref_logp`` [rows, seq-1]): the trainer's log-probs go to ``loss`` (default:
+    `train_loss` of the loss of the algorithm ``config.algorithm`` names), with the inputs it
+    declares, and its result is the train step's contract as it is."""
     if loss is None:
-        loss = resolve_algorithm(config.algorithm).loss
-    logp = _trainer_logprobs(params, mb, model_config=model_config, config=config, remat=config.remat)
-    return loss(logp, mb["old_logp"], mb["advantages"], mb["mask"])
+        loss = train_loss(resolve_algorithm(config.algorithm).loss, config)
+    inputs = loss_inputs(loss)
+    out = _trainer_logprobs(params, mb, model_config=model_config, config=config,
+                            remat=config.remat, return_entropy="entropy" in inputs)
+    logp, extra = (out[0], {"entropy": out[1]}) if "entropy" in inputs else (out, {})
+    if "ref_logp" in inputs:
+        extra["ref_logp"] = mb["ref_logp"]
+    return loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], **extra)
 
 
 def _trainer_logprobs(params, rows: dict, *, model_config: ModelConfig, config: RLConfig, **kwargs):
@@ -133,7 +167,10 @@ class RLUpdate:
     """``update(state, batch) -> (state, metrics)`` for one RL step; compiled once per shape.
 
     ``loss`` is the algorithm's policy loss (`rstar2_jax.algorithms.Algorithm.loss`); by default
-    the one ``config.algorithm`` names.
+    the one ``config.algorithm`` names. The update trains with `train_loss` of it: the run's
+    entropy bonus and KL penalty added. ``reference``: the reference policy's params, laid out
+    like ``params`` (any float dtype: the forward casts them to the compute dtype), exactly when
+    ``config.reference``.
 
     Metrics: ``loss``, ``tokens`` (loss tokens of the step), ``grad_norm`` (mean over
     mini-batches), ``lr`` (last update), ``entropy`` (of the policy before the update,
@@ -142,19 +179,27 @@ class RLUpdate:
     `rstar2_jax.algorithms.mismatch_metrics`), what ``rl.rollout_correction`` did
     (``rollout_correction/*``: `rstar2_jax.algorithms.apply_correction`); and every metric of
     the loss (GRPO-RoC's: ``clip_low_frac``, ``clip_high_frac``, ``approx_kl``, ``ratio_mean``,
-    ``ratio_max``), averaged as the loss averages (over the step's tokens or sequences).
+    ``ratio_max``), averaged as the loss averages (over the step's tokens or sequences),
+    ``entropy_loss`` / ``kl_loss`` among them when ``rl.entropy_coef`` / ``rl.kl_coef`` is set.
+    With a reference: ``ref_kl``, the k3 estimate of KL(policy || reference) before the update
+    (nats/token, mean over the step's loss tokens).
     """
 
     def __init__(self, model_config: ModelConfig, config: RLConfig,
                  optimizer: optax.GradientTransformation, *, mesh: Mesh, param_specs: Any,
-                 params: Any, loss: LossFn | None = None):
+                 params: Any, loss: LossFn | None = None, reference: Any = None):
         self.model_config, self.config, self.mesh = model_config, config, mesh
+        if (reference is not None) != config.reference:
+            raise ValueError(f"rl.reference={config.reference}, and the update was given "
+                             f"{'no' if reference is None else 'a'} reference policy")
+        self._reference = reference
         self._fsdp = mesh.shape["fsdp"]
         if config.micro_batch_size is not None and config.micro_batch_size % self._fsdp:
             raise ValueError(f"rl.micro_batch_size={config.micro_batch_size} rows cannot be split "
                              f"over fsdp={self._fsdp} devices")
         self._rows = NamedSharding(mesh, batch_spec())
         self._param_shardings = named_shardings(mesh, param_specs)
+        loss = train_loss(resolve_algorithm(config.algorithm).loss if loss is None else loss, config)
         loss = functools.partial(rl_loss, model_config=model_config, config=config, loss=loss)
         self._steps = {}  # micro-batches per update -> jitted train step
         self._old_passes = {}  # row chunks -> jitted old log-prob pass
@@ -194,7 +239,8 @@ class RLUpdate:
         chunks = micro * self.config.mini_batches
         if chunks not in self._old_passes:
             self._old_passes[chunks] = self._old_pass(chunks)
-        old_logp, advantages, mask, stats = self._old_passes[chunks](state.params, shifted)
+        old_logp, ref_logp, advantages, mask, stats = self._old_passes[chunks](
+            state.params, self._reference, shifted)
         stats = {k: float(v) for k, v in jax.device_get(stats).items()}
         if check is not None:
             check(stats)
@@ -204,6 +250,8 @@ class RLUpdate:
         per_update = []
         update_rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
         update_rows |= {"old_logp": old_logp, "advantages": advantages, "mask": mask}
+        if ref_logp is not None:
+            update_rows["ref_logp"] = ref_logp
         for j in range(self.config.mini_batches):
             state, metrics = step_fn(state, self._mini_batch(update_rows, j))
             per_update.append(jax.device_get(metrics))
@@ -217,21 +265,31 @@ class RLUpdate:
         return pack_rows(batch, shifted, shapes, groups)
 
     def _old_pass(self, chunks: int):
-        """Jitted ``(params, shifted) -> (old_logp, advantages, mask, stats)``: the trainer's
-        log-probs of the step's tokens, the advantages and loss mask as the rollout correction
-        leaves them, and the step's statistics."""
-        def run(params, shifted):
+        """Jitted ``(params, reference, shifted) -> (old_logp, ref_logp, advantages, mask,
+        stats)``: the trainer's log-probs of the step's tokens, the reference's (None without
+        one), the advantages and loss mask as the rollout correction leaves them, and the step's
+        statistics."""
+        def run(params, reference, shifted):
             logp, entropy = _old_logprobs(params, shifted, model_config=self.model_config,
                                           config=self.config, chunks=chunks)
             mask, sampler_logp = shifted["mask"], shifted["sampler_logp"]
             advantages, loss_mask, corrected = apply_correction(
                 self.config.rollout_correction, shifted["advantages"], logp, sampler_logp, mask)
-            stats = ({"entropy": jnp.sum(jnp.where(mask, entropy, 0.0)) / jnp.maximum(jnp.sum(mask), 1)}
+            tokens = jnp.maximum(jnp.sum(mask), 1)
+            stats = ({"entropy": jnp.sum(jnp.where(mask, entropy, 0.0)) / tokens}
                      | mismatch_metrics(logp, sampler_logp, mask) | corrected)
-            return logp, advantages, loss_mask, stats
+            ref_logp = None
+            if reference is not None:
+                ref_logp, _ = _old_logprobs(reference, shifted, model_config=self.model_config,
+                                            config=self.config, chunks=chunks)
+                kl = kl_penalty(jnp.where(mask, logp, 0.0), jnp.where(mask, ref_logp, 0.0), "k3")
+                stats["ref_kl"] = jnp.sum(kl) / tokens
+            return logp, ref_logp, advantages, loss_mask, stats
 
-        return jax.jit(run, in_shardings=(self._param_shardings, self._rows),
-                       out_shardings=(self._rows, self._rows, self._rows, NamedSharding(self.mesh, P())))
+        references = None if self._reference is None else self._param_shardings
+        return jax.jit(run, in_shardings=(self._param_shardings, references, self._rows),
+                       out_shardings=(self._rows, None if references is None else self._rows,
+                                      self._rows, self._rows, NamedSharding(self.mesh, P())))
 
     def _check_and_pad(self, batch: dict) -> dict:
         rows, seq = batch["tokens"].shape
@@ -264,13 +322,14 @@ def _count(mask: jax.Array) -> jax.Array:
 
 def _combine(per_update: list[dict]) -> dict[str, float]:
     """The mini-batch updates' metrics as one: each weighted by its loss count (``tokens`` of
-    the train step: loss tokens, or sequences, as the loss averages), maxima of ``_max``
-    names, grad norm averaged, lr of the last."""
+    the train step: loss tokens, or sequences, as the loss averages), maxima and minima of the
+    names `metric_reduction` says, grad norm averaged, lr of the last."""
     counts = np.array([m["tokens"] for m in per_update], np.float64)
     total = max(counts.sum(), 1.0)
     out = {"lr": float(per_update[-1]["lr"]),
            "grad_norm": float(np.mean([m["grad_norm"] for m in per_update]))}
     for k in per_update[0].keys() - {"lr", "grad_norm", "tokens"}:
         values = [float(m[k]) for m in per_update]
-        out[k] = max(values) if k.endswith("_max") else float(np.dot(values, counts) / total)
+        how = metric_reduction(k)
+        out[k] = {"max": max, "min": min}[how](values) if how != "mean" else float(np.dot(values, counts) / total)
     return out

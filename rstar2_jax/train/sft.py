@@ -108,16 +108,21 @@ def digit_weights(tokenizer, weight: float) -> np.ndarray:
 
 
 def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = None,
-            progress: bool = True) -> TrainState:
+            progress: bool = True, examples: Conversations | None = None) -> TrainState:
     """Trains for ``config.epochs`` epochs (resuming from ``run_dir`` if it has a checkpoint).
 
     ``on_step(step, metrics)`` is called after each step is logged (and checkpointed if due).
-    Returns the final train state.
+    ``examples``: ``config.data`` already encoded with this tokenizer and chat format, none
+    longer than ``config.seq_len`` (a job that measured the data first passes it, so that the
+    file is encoded once); by default the file is encoded here. Returns the final train state.
     """
     fmt = chat.get_format(config.model.chat_format)
     tokenizer = open_tokenizer(config.model.path, config.model.tokenizer_path, fmt)
-    examples = Conversations(config.data, tokenizer, fmt, config.seq_len,
-                             process_index=jax.process_index(), process_count=jax.process_count())
+    if examples is None:
+        examples = Conversations(config.data, tokenizer, fmt, config.seq_len,
+                                 process_index=jax.process_index(), process_count=jax.process_count())
+    elif examples.path != config.data:
+        raise ValueError(f"examples encode {examples.path}, not config.data={config.data}")
     steps_per_epoch = len(examples) // config.batch_size
     if steps_per_epoch == 0:
         raise DataError(f"{config.data} has {len(examples)} conversations, fewer than "

@@ -94,8 +94,7 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
         grads, loss_sum, count, metrics = carry
         g, (l, c, m) = grad_fn(params, mb)
         grads = constrain(jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g))
-        metrics = {k: jnp.maximum(metrics[k], m[k]) if k.endswith("_max") else metrics[k] + m[k]
-                   for k in metrics}
+        metrics = {k: _COMBINE[metric_reduction(k)](metrics[k], m[k]) for k in metrics}
         return (grads, loss_sum + l, count + c, metrics), None
 
     def constrain(tree):
@@ -103,13 +102,24 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
 
     zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
     first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
-    metric_zeros = {k: jnp.full(m.shape, -jnp.inf if k.endswith("_max") else 0.0, jnp.float32)
+    metric_zeros = {k: jnp.full(m.shape, _IDENTITY[metric_reduction(k)], jnp.float32)
                     for k, m in jax.eval_shape(loss_fn, params, first)[2].items()}
     init = (zeros, jnp.float32(0), jnp.float32(0), metric_zeros)
     (grads, loss_sum, count, metrics), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
     # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
     grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
     return grads, loss_sum, count, metrics
+
+
+def metric_reduction(name: str) -> str:
+    """How a loss's metric ``name`` combines over micro-batches and mini-batches, by its suffix:
+    ``_max``: "max" (the largest value of any of them), ``_min``: "min", any other name: "mean"
+    (the loss returns a sum, divided by the loss's total count)."""
+    return "max" if name.endswith("_max") else "min" if name.endswith("_min") else "mean"
+
+
+_COMBINE = {"max": jnp.maximum, "min": jnp.minimum, "mean": jnp.add}
+_IDENTITY = {"max": -jnp.inf, "min": jnp.inf, "mean": 0.0}
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
@@ -125,7 +135,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         optimizer-state structure. Without a mesh the step runs wherever its inputs live.
 
     Metrics (float32 scalars): ``loss`` (token mean), ``tokens``, ``grad_norm`` (before
-    clipping), ``lr`` (of this update), and each of ``loss_fn``'s metric sums divided by tokens.
+    clipping), ``lr`` (of this update), and each of ``loss_fn``'s metric sums divided by tokens,
+    but for the maxima and minima that `metric_reduction` names by suffix.
     Rows are split over "fsdp" on a mesh, so the row count must be a multiple of
     ``micro_batches`` times the fsdp size (pad with all-masked rows).
     """
@@ -141,7 +152,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         denom = jnp.maximum(count, 1.0)
-        metrics = {name: value if name.endswith("_max") else value / denom
+        metrics = {name: value / denom if metric_reduction(name) == "mean" else value
                    for name, value in metric_sums.items()}
         metrics |= {"loss": loss_sum / denom, "tokens": count,
                     "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state)}

@@ -1,0 +1,67 @@
+"""What a user sees of `python -m rstar2_jax demo`: a first screen of the job's own lines only
+(no line of JAX's backend probing, of transformers, none twice), and Ctrl-C as one line that
+says how to resume. The job runs as a user's would: in a fresh interpreter without torch (as
+after `pip install -r requirements.txt`), without the tests' JAX settings, in its own session
+so that the interrupt reaches every process of it, as a terminal's Ctrl-C does."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+# `python -m rstar2_jax` in an interpreter where torch cannot be imported (transformers then
+# reports it as not installed).
+WITHOUT_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
+                 "runpy.run_module('rstar2_jax', run_name='__main__', alter_sys=True)")
+FIRST_SCREEN = 30
+
+
+def _shown(raw: bytes) -> str:
+    """What a terminal shows of one line of output: a progress bar redraws itself after "\r"."""
+    return raw.decode().rstrip("\n").split("\r")[-1]
+
+
+@pytest.fixture(scope="module")
+def interrupted_demo(tmp_path_factory):
+    """Runs the tiny demo until its SFT phase has finished (the backend is probed, transformers
+    imported, the SFT data read), then interrupts it. Returns (the lines before the interrupt,
+    the lines after it, the exit status, the output directory)."""
+    d = tmp_path_factory.mktemp("screen")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    env |= {"JAX_COMPILATION_CACHE_DIR": str(d / "jax_cache"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WITHOUT_TORCH, "demo", "--tiny", f"out={d}/demo"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    before = []
+    try:
+        for raw in proc.stdout:  # the job's phase lines mark its progress; no sleep
+            before.append(_shown(raw))
+            if "] eval_sft:" in before[-1]:
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        after = [_shown(raw) for raw in proc.stdout]
+        status = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return before, after, status, d / "demo"
+
+
+def test_first_screen_holds_only_the_jobs_lines(interrupted_demo):
+    before, _, _, out = interrupted_demo
+    assert any(f"] sft: toy data" in line for line in before), before  # the job started
+    screen = [line for line in before[:FIRST_SCREEN] if line.strip()]
+    for noise in ("Unable to initialize backend", "PyTorch was not found", "transformers", "absl"):
+        assert not [line for line in screen if noise in line], (noise, screen)
+    assert len(set(screen)) == len(screen), screen  # the SFT data is read and reported once
+
+
+def test_ctrl_c_is_one_line_naming_how_to_resume(interrupted_demo):
+    _, after, status, out = interrupted_demo
+    assert status == 130
+    text = [line for line in after if line.strip()]
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in text), text
+    assert text[-1] == (f"interrupted; run the same command again to resume from the checkpoints "
+                        f"in {out} (saved as SFT and RL finish)")
