@@ -1,7 +1,7 @@
 """RL update on a prepared batch: sharded == single device, padding-invariance, metrics, the
-rollout correction, the check before the first optimizer step, packed rows == one rollout per
-row for every loss, and the entropy bonus, KL penalty and reference policy (nothing changes
-while they are off)."""
+rollout correction, the check before the first optimizer step, the entropy bonus, KL penalty
+and reference policy (nothing changes while they are off), and packed rows == one rollout per
+row for every loss."""
 import functools
 
 import jax
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss
+from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss, regularized
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.sharding import make_mesh, param_specs, shard_params
@@ -186,6 +186,89 @@ def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
     assert int(after.step) == 1
 
 
+def _packed_and_padded(batch, groups=1):
+    """(padded, packed) shifted host rows of ``batch`` as the update's loss takes them, with the
+    on-policy old log-probs."""
+    padded = rl_update._shift(batch)
+    packed = rl_update.pack_rows(batch, padded, PackShapes(SEQ), groups)
+    params = init_params(MODEL, jax.random.key(0))
+    old = np.asarray(token_logprobs(params, MODEL, padded["inputs"], padded["targets"],
+                                    padded["attention_mask"]))
+    per_target = {"old_logp": old - 0.05, "ref_logp": old + 0.3 * np.sin(np.arange(old.size)).reshape(old.shape)}
+    return ({k: jnp.asarray(v) for k, v in (padded | per_target).items()},
+            {k: jnp.asarray(v) for k, v in (packed | per_target).items()}, params)
+
+
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSSES = ([(name, algorithm.loss) for name, algorithm in ALGORITHMS.items()]
+          + [(mode, functools.partial(policy_loss, loss_agg_mode=mode)) for mode in MODES]
+          + [(f"{mode}+entropy+kl", regularized(functools.partial(policy_loss, loss_agg_mode=mode),
+                                                 entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3"))
+             for mode in MODES])
+
+
+@pytest.mark.parametrize("name, loss", LOSSES, ids=[name for name, _ in LOSSES])
+def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per_row(name, loss):
+    """Every registry algorithm's loss and every aggregation mode, alone and with the entropy
+    bonus (entropy with its gradient) and the KL penalty to reference log-probs: the same loss
+    sum, count, metric sums and gradients from packed rows as from one rollout per row, with
+    per-rollout and per-token (rollout-correction) advantages."""
+    batch = _batch(6)
+    batch["loss_mask"][3] = 0  # a rollout with nothing to train on, as padding rows are
+    padded, packed, params = _packed_and_padded(batch)
+    assert packed["inputs"].shape[0] < padded["inputs"].shape[0]  # several rollouts per row
+    token_advantages = jnp.asarray(np.random.default_rng(1).normal(size=padded["mask"].shape),
+                                   jnp.float32)
+    for advantages in (padded["advantages"], token_advantages):
+        def run(rows):
+            def value(p):
+                loss_sum, count, metrics = rl_update.rl_loss(
+                    p, rows | {"advantages": advantages}, model_config=MODEL, config=RLConfig(), loss=loss)
+                return loss_sum, (count, metrics)
+            return jax.value_and_grad(value, has_aux=True)(params)
+
+        (value, (count, metrics)), grads = run(padded)
+        (p_value, (p_count, p_metrics)), p_grads = run(packed)
+        assert int(p_count) == int(count)
+        np.testing.assert_allclose(p_value, value, rtol=1e-5, atol=1e-7)
+        assert p_metrics.keys() == metrics.keys()
+        for k in metrics:
+            np.testing.assert_allclose(p_metrics[k], metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
+        for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(p_grads)[0],
+                                jax.tree.leaves(grads), strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("rl", [
+    dict(mini_batches=2, micro_batch_size=2, rollout_correction=RolloutCorrection(weights="token")),
+    dict(micro_batch_size=2, algorithm="dr_grpo"),
+], ids=["mini-micro-correction", "micro-seq-mean"])
+def test_a_packed_update_equals_the_padded_one(rl):
+    """The whole update (old log-probs, rollout correction, mini- and micro-batches, optimizer):
+    the same metrics and params from packed rows as from one rollout per row."""
+    batch = _batch(8, sampler_offset=-0.1)
+    mesh = make_mesh(1, 1)
+    padded, m = _update(batch, mesh, lr=1e-3, packed=False, **rl)
+    packed, p_m = _update(batch, mesh, lr=1e-3, packed=True, **rl)
+    assert p_m.keys() == m.keys()
+    for k in m:
+        assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one():
+    batch = _batch(8)
+    rl = dict(entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3", micro_batch_size=2)
+    padded, m = _reference_update(batch, 0.05, packed=False, **rl)
+    packed, p_m = _reference_update(batch, 0.05, packed=True, **rl)
+    assert p_m.keys() == m.keys() and {"entropy_loss", "kl_loss", "ref_kl"} <= m.keys()
+    for k in m:
+        assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
 def test_mini_batch_metrics_combine_by_the_step_rule():
     from rstar2_jax.train.rl_update import _combine
 
@@ -225,9 +308,8 @@ def _plain_update(batch, loss, lr=3e-2):
 def test_with_both_terms_off_every_algorithm_updates_as_through_the_plain_loss(name):
     batch = _batch(8)
     loss = ALGORITHMS[name].loss
-    # Unpacked, as the plain path is: this test is about the loss contract, and packed rows sum
-    # attention in another order (packed = padded has its own tests, on gradients, since a
-    # first Adam step turns a 1e-9 difference in a near-zero gradient into a visible one).
+    # Padded rows as the plain path's (packed = padded: the packed tests below, at an lr that
+    # keeps Adam from turning float summation noise into a visible step).
     state, metrics = _update(batch, make_mesh(1, 1), algorithm=name, packed=False)
     plain_state, plain = _plain_update(batch, loss)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(plain_state.params), strict=True):
@@ -288,69 +370,3 @@ def test_a_loss_that_takes_ref_logp_needs_a_reference():
     with pytest.raises(ConfigError, match="loss_agg_mode"):
         _update(_batch(4), make_mesh(1, 1), entropy_coef=0.1,
                 loss=lambda logp, old_logp, advantages, mask: policy_loss(logp, old_logp, advantages, mask))
-
-
-def _packed_and_padded(batch, groups=1):
-    """(padded, packed) shifted host rows of ``batch`` as the update's loss takes them, with the
-    on-policy old log-probs."""
-    padded = rl_update._shift(batch)
-    packed = rl_update.pack_rows(batch, padded, PackShapes(SEQ), groups)
-    params = init_params(MODEL, jax.random.key(0))
-    old = np.asarray(token_logprobs(params, MODEL, padded["inputs"], padded["targets"],
-                                    padded["attention_mask"]))
-    return ({k: jnp.asarray(v) for k, v in (padded | {"old_logp": old - 0.05}).items()},
-            {k: jnp.asarray(v) for k, v in (packed | {"old_logp": old - 0.05}).items()}, params)
-
-
-LOSSES = ([(name, algorithm.loss) for name, algorithm in ALGORITHMS.items()]
-          + [(mode, functools.partial(policy_loss, loss_agg_mode=mode)) for mode in
-             ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")])
-
-
-@pytest.mark.parametrize("name, loss", LOSSES, ids=[name for name, _ in LOSSES])
-def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per_row(name, loss):
-    """Every registry algorithm's loss and every aggregation mode: the same loss sum, count,
-    metric sums and gradients from packed rows as from one rollout per row, with per-rollout
-    and per-token (rollout-correction) advantages."""
-    batch = _batch(6)
-    batch["loss_mask"][3] = 0  # a rollout with nothing to train on, as padding rows are
-    padded, packed, params = _packed_and_padded(batch)
-    assert packed["inputs"].shape[0] < padded["inputs"].shape[0]  # several rollouts per row
-    token_advantages = jnp.asarray(np.random.default_rng(1).normal(size=padded["mask"].shape),
-                                   jnp.float32)
-    for advantages in (padded["advantages"], token_advantages):
-        def run(rows):
-            def value(p):
-                loss_sum, count, metrics = rl_update.rl_loss(
-                    p, rows | {"advantages": advantages}, model_config=MODEL, config=RLConfig(), loss=loss)
-                return loss_sum, (count, metrics)
-            return jax.value_and_grad(value, has_aux=True)(params)
-
-        (value, (count, metrics)), grads = run(padded)
-        (p_value, (p_count, p_metrics)), p_grads = run(packed)
-        assert int(p_count) == int(count)
-        np.testing.assert_allclose(p_value, value, rtol=1e-5, atol=1e-7)
-        assert p_metrics.keys() == metrics.keys()
-        for k in metrics:
-            np.testing.assert_allclose(p_metrics[k], metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
-        for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(p_grads)[0],
-                                jax.tree.leaves(grads), strict=True):
-            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
-
-
-@pytest.mark.parametrize("rl", [
-    dict(mini_batches=2, micro_batch_size=2, rollout_correction=RolloutCorrection(weights="token")),
-    dict(micro_batch_size=2, algorithm="dr_grpo"),
-], ids=["mini-micro-correction", "micro-seq-mean"])
-def test_a_packed_update_equals_the_padded_one(rl):
-    """The whole update (old log-probs, rollout correction, mini- and micro-batches, optimizer):
-    the same metrics and params from packed rows as from one rollout per row."""
-    batch = _batch(8, sampler_offset=-0.1)
-    mesh = make_mesh(1, 1)
-    padded, m = _update(batch, mesh, lr=1e-3, packed=False, **rl)
-    packed, p_m = _update(batch, mesh, lr=1e-3, packed=True, **rl)
-    assert p_m.keys() == m.keys()
-    for k in m:
-        assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
-    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)

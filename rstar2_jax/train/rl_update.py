@@ -100,8 +100,8 @@ def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConf
     if loss is None:
         loss = train_loss(resolve_algorithm(config.algorithm).loss, config)
     inputs = loss_inputs(loss)
-    out = _trainer_logprobs(params, mb, model_config=model_config, config=config, remat=config.remat,
-                            return_entropy="entropy" in inputs)
+    out = _trainer_logprobs(params, mb, model_config=model_config, config=config,
+                            remat=config.remat, return_entropy="entropy" in inputs)
     logp, extra = (out[0], {"entropy": out[1]}) if "entropy" in inputs else (out, {})
     if "ref_logp" in inputs:
         extra["ref_logp"] = mb["ref_logp"]
