@@ -70,11 +70,11 @@ def generate(
     tokens: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     reasons: list[str] = [""] * len(prompts)
-    while feeder.queue or any(o is not None for o in owner):
+    while not feeder.done or any(o is not None for o in owner):
         for slot, i, _ in feeder.fill([s for s in range(slots) if owner[s] is None]):
             owner[slot] = i
         # Return to the host as soon as a slot frees if prompts are still waiting for one.
-        out = engine.decode(min_stops=1 if feeder.queue else None)
+        out = engine.decode(min_stops=None if feeder.done else 1)
         for slot in range(slots):
             i = owner[slot]
             n = int(out.count[slot])
