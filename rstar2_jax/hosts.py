@@ -1,10 +1,10 @@
 """Work split across JAX processes (hosts): which questions each host samples, what the hosts
 tell each other, and the params a host's sampler reads.
 
-An RL step's questions are a shared queue (`claims`): each host takes the next question as a
-row of its engine frees up, so a host whose questions finish early takes more of them and the
-step does not wait for the host that drew the longest ones. An evaluation splits its questions
-into contiguous blocks, one per process (`share`). Each host samples with its own sampler,
+An RL step's or an evaluation's questions are a shared queue (`claims`): each host takes the
+next question as a row of its engine frees up, so a host whose questions finish early takes more
+of them and the step does not wait for the host that drew the longest ones. An RL step's update
+still trains each host on a contiguous block of the questions (`share`). Each host samples with its own sampler,
 sandbox and verifier pools, so a tool call never leaves the host that made it. Sampling keys are
 indexed by a rollout's position in the whole step (`AgentSampler.rollout`'s
 ``first_sequence``), so a rollout draws the same tokens whichever host runs it, and the result

@@ -169,7 +169,10 @@ def _all_questions(trajs: list[Trajectory], rewards: np.ndarray,
                    n: int) -> tuple[list[Trajectory], np.ndarray]:
     """The step's trajectories (question-major) and rewards `[questions, n]` from every
     process's: ``trajs`` are this process's, of the questions it took, ``rewards`` its
-    `[questions, n]` (0 for the others' questions)."""
+    `[questions, n]` (0 for the others' questions). On one process they are all of them
+    already, and nothing is converted."""
+    if jax.process_count() == 1:
+        return trajs, rewards
     mine = {}
     for q in sorted({t.prompt_index for t in trajs}):
         ran = trajs[len(mine) * n:(len(mine) + 1) * n]
