@@ -121,10 +121,11 @@ def _trainer_logprobs(params, rows: dict, *, model_config: ModelConfig, config: 
     return jax.tree.map(lambda x: x.reshape(-1)[rows["gather"]], packed)
 
 
-def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfig, chunks: int):
-    """Trainer log-probs and entropies [rows, seq-1] (no gradient), ``chunks`` row chunks at a
-    time (strided, like the train step's micro-batches; packed rows and their gather index
-    alike)."""
+def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfig, chunks: int,
+                  return_entropy: bool = True):
+    """Trainer log-probs [rows, seq-1] and, with ``return_entropy``, entropies (no gradient),
+    ``chunks`` row chunks at a time (strided, like the train step's micro-batches; packed rows
+    and their gather index alike)."""
     def split(x):
         return jnp.swapaxes(x.reshape(x.shape[0] // chunks, chunks, *x.shape[1:]), 0, 1)
 
@@ -133,11 +134,10 @@ def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfi
 
     def one(rows):
         return _trainer_logprobs(params, rows, model_config=model_config, config=config,
-                                 return_entropy=True)
+                                 return_entropy=return_entropy)
 
     keys = [k for k in ("inputs", "targets", "attention_mask", "segment_lengths", "gather") if k in shifted]
-    logp, entropy = jax.lax.map(one, {k: split(shifted[k]) for k in keys})
-    return merge(logp), merge(entropy)
+    return jax.tree.map(merge, jax.lax.map(one, {k: split(shifted[k]) for k in keys}))
 
 
 def _lengths(attention_mask):
@@ -280,8 +280,9 @@ class RLUpdate:
                      | mismatch_metrics(logp, sampler_logp, mask) | corrected)
             ref_logp = None
             if reference is not None:
-                ref_logp, _ = _old_logprobs(reference, shifted, model_config=self.model_config,
-                                            config=self.config, chunks=chunks)
+                # Log-probs only: the reference's entropy is of no use.
+                ref_logp = _old_logprobs(reference, shifted, model_config=self.model_config,
+                                         config=self.config, chunks=chunks, return_entropy=False)
                 kl = kl_penalty(jnp.where(mask, logp, 0.0), jnp.where(mask, ref_logp, 0.0), "k3")
                 stats["ref_kl"] = jnp.sum(kl) / tokens
             return logp, ref_logp, advantages, loss_mask, stats
