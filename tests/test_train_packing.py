@@ -1,14 +1,29 @@
-"""Packing sequences into rows: whole sequences only, within the row budget, shapes from the
-ladder fixed before the run, groups kept apart, and little padding."""
+"""Packing sequences into rows: whole sequences only, within the row budget and the segment
+slots, shapes from a set fixed before the run, groups kept apart, and little padding."""
 import numpy as np
 import pytest
 
 from rstar2_jax.train.packing import PackShapes, first_fit_decreasing, pack, row_bucket
 
 
-def test_row_lengths_are_a_ladder_up_to_the_longest_sequence():
-    assert PackShapes(10240).row_lengths() == (1280, 2560, 3840, 5120, 6400, 7680, 8960, 10240)
-    assert PackShapes(336).row_lengths() == (128, 256, 336)
+def test_segment_slots_default_to_one_per_64_tokens_as_a_power_of_two():
+    assert PackShapes(10240).segments == 256 and PackShapes(336).segments == 8
+    assert PackShapes(64).segments == 1 and PackShapes(65).segments == 2
+    assert PackShapes(100, segments=3).segments == 3
+    with pytest.raises(ValueError, match="positive"):
+        PackShapes(100, segments=0)
+
+
+def test_the_shape_set_is_the_row_buckets_times_the_multiple():
+    shapes = PackShapes(384, row_multiple=2)
+    counts = shapes.row_counts(40, groups=2)  # 20 a group, 10 rows of 2 at most
+    assert counts == [4 * n for n in range(1, 11)]
+    assert "10 shapes" in shapes.describe(40, groups=2) and "384" in shapes.describe(40, 2)
+    rng = np.random.default_rng(1)
+    for _ in range(50):  # every batch takes one of them
+        lengths = rng.integers(1, 385, rng.integers(1, 41)).tolist()
+        packing = pack(lengths, shapes, groups=2)
+        assert len(packing.rows) in counts and packing.row_tokens == 384
 
 
 def test_row_counts_come_from_eighth_octave_buckets():
@@ -24,29 +39,30 @@ def test_first_fit_decreasing_places_each_sequence_whole():
     assert bins == [[2], [4, 3], [0, 5]]  # 9 | 7 + 3 | 5 + 2; the empty one left out
     with pytest.raises(ValueError, match="11 tokens does not fit a row of 10"):
         first_fit_decreasing([3, 11], 10)
+    # Two slots a bin: the third short sequence opens a bin although the first has room.
+    assert first_fit_decreasing([1, 1, 1], 10, slots=2) == [[0, 1], [2]]
 
 
-def test_pack_takes_the_shape_of_fewest_tokens_and_keeps_groups_apart():
+def test_pack_fills_rows_whole_within_the_slots_and_keeps_groups_apart():
     rng = np.random.default_rng(0)
-    lengths = rng.integers(100, 1500, 37).tolist()
-    shapes = PackShapes(2048, row_multiple=2)
+    lengths = rng.integers(1, 1500, 37).tolist()
+    shapes = PackShapes(2048, segments=4, row_multiple=2)
     packing = pack(lengths, shapes, groups=3)
     rows = len(packing.rows)
-    assert rows % 6 == 0 and packing.row_tokens in shapes.row_lengths()
+    assert rows % 6 == 0 and packing.row_tokens == 2048 and packing.segments == 4
     placed = sorted(i for row in packing.rows for i in row)
     assert placed == list(range(37))  # each sequence once, whole
     for r, row in enumerate(packing.rows):
         assert sum(lengths[i] for i in row) <= packing.row_tokens
+        assert len(row) <= 4
         assert all(i % 3 == r % 3 for i in row)  # row r holds group r % 3's sequences
-    assert packing.segments >= max(len(row) for row in packing.rows)
-    assert packing.segments & (packing.segments - 1) == 0
-    # No other shape of the ladder holds the batch in fewer tokens.
-    for row_tokens in shapes.row_lengths():
-        if row_tokens >= max(lengths):
-            per_group = max(len(first_fit_decreasing(lengths[g::3], row_tokens)) for g in range(3))
-            assert row_bucket(-(-per_group // 2)) * 2 * 3 * row_tokens >= rows * packing.row_tokens
-    padding = 1 - sum(lengths) / (rows * packing.row_tokens)
-    assert padding < 0.2, padding
+    # The fewest rows first-fit decreasing needs, bucketed.
+    per_group = max(len(first_fit_decreasing(lengths[g::3], 2048, 4)) for g in range(3))
+    assert rows == row_bucket(-(-per_group // 2)) * 2 * 3
+    # Many sequences leave little padding: the last rows' free tails and the bucket's rows.
+    many = rng.integers(1, 1500, 200).tolist()
+    big = pack(many, PackShapes(2048))
+    assert 1 - sum(many) / (len(big.rows) * 2048) < 0.1
 
     segment_lengths = packing.segment_lengths(lengths)
     places = packing.places(lengths)

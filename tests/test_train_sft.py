@@ -88,7 +88,7 @@ def test_packed_batches_train_as_one_conversation_per_row(setup):
     d, tokenizer, config = setup
     examples = [Conversations(str(d / "sft.jsonl"), tokenizer, TOY_FORMAT, 256)[i] for i in range(8)]
     padded = {k: jnp.asarray(v) for k, v in pad_batch(examples, 512, pad_id=0).items()}
-    packing = pack([len(ids) for ids, _ in examples], PackShapes(512, rungs=1, row_multiple=2))
+    packing = pack([len(ids) for ids, _ in examples], PackShapes(512, row_multiple=2))
     packed = {k: jnp.asarray(v) for k, v in pack_batch(examples, packing, pad_id=0).items()}
     assert packed["tokens"].shape == (4, 512)  # two conversations of ~220 tokens per row
     assert max(len(row) for row in packing.rows) > 1

@@ -5,12 +5,12 @@ and the rest of the row padding; `segment_lengths` `[rows, segments]` (0 for an 
 tells the model where they are (`rstar2_jax.model.transformer.packed_segments`: each sequence
 attends only to itself, its positions start at 0). No sequence is split across rows.
 
-The shapes come from a set fixed before the run (`PackShapes`), so the update compiles once per
-shape it meets: the row length from a ladder of budgets up to the longest sequence allowed, the
-row count from eighth-octave buckets (1 to 16, 18, 20, ..., 32, 36, 40, ...: at most 12.5%
-above the rows needed) times the row multiple, the segment slots a power of two. Of the
-shapes that hold a batch, the packer takes the fewest tokens (first-fit decreasing for each row
-length).
+A run's packed batches take few shapes, fixed before it starts (`PackShapes`), so the update
+compiles once per shape it meets, as a padded batch compiles once per row bucket: the row length
+is the longest sequence allowed, the segment slots per row are fixed (a row holds at most that
+many sequences), and only the row count varies, from eighth-octave buckets (1 to 16, 18, 20,
+..., 32, 36, 40, ...: at most 12.5% above the rows needed) times the row multiple. Sequences go
+to rows first-fit decreasing.
 
 Groups: sequence i goes to group i % groups and every row holds sequences of one group; row r is
 group r % groups's. A train step that takes rows j, j + n, ... as its mini- or micro-batch
@@ -26,46 +26,55 @@ import numpy as np
 
 from rstar2_jax import hosts
 
-# Row lengths below the longest are multiples of this many tokens (matmul tiles).
-_ROW_TOKEN_MULTIPLE = 128
+# Segment slots per row, by default: one per this many tokens of the row. A row of shorter
+# sequences than that on average is closed when its slots are full.
+_TOKENS_PER_SEGMENT_SLOT = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class PackShapes:
-    """The shapes a run's packed batches take.
+    """The shapes a run's packed batches take: `[rows, max_tokens]` tokens and `[rows,
+    segments]` segment lengths, rows one of `row_counts`.
 
-    max_tokens: the longest sequence allowed (a longer one is an error, before any work).
-    rungs: row lengths are max_tokens * k / rungs for k = 1..rungs, rounded up to a multiple
-      of 128 tokens: a batch of short sequences gets short rows.
+    max_tokens: the row length, the longest sequence allowed (a longer one is an error, before
+      any work).
+    segments: the most sequences a row holds (its segment slots); by default one per 64 tokens
+      of the row, rounded up to a power of two.
     row_multiple: rows per group are a row bucket times this (data-parallel devices).
     """
 
     max_tokens: int
-    rungs: int = 8
+    segments: int | None = None
     row_multiple: int = 1
 
     def __post_init__(self):
-        if self.max_tokens < 1 or self.rungs < 1 or self.row_multiple < 1:
+        if self.segments is None:
+            slots = -(-self.max_tokens // _TOKENS_PER_SEGMENT_SLOT)
+            object.__setattr__(self, "segments", 1 << max(slots - 1, 0).bit_length())
+        if min(self.max_tokens, self.segments, self.row_multiple) < 1:
             raise ValueError(f"PackShapes needs positive sizes, got {self}")
 
-    def row_lengths(self) -> tuple[int, ...]:
-        """The ladder of row lengths, shortest first (the longest is max_tokens)."""
-        lengths = {-(-self.max_tokens * k // self.rungs) for k in range(1, self.rungs + 1)}
-        return tuple(sorted({min(-(-n // _ROW_TOKEN_MULTIPLE) * _ROW_TOKEN_MULTIPLE, self.max_tokens)
-                             for n in lengths}))
+    def row_counts(self, sequences: int, groups: int = 1) -> list[int]:
+        """Every row count a batch of up to ``sequences`` sequences in ``groups`` groups can
+        take, fewest first: the shapes the update may compile."""
+        per_group = -(-sequences // groups)
+        most = row_bucket(-(-per_group // self.row_multiple))
+        return sorted({row_bucket(n) * self.row_multiple * groups for n in range(1, most + 1)})
 
-    def describe(self, groups: int = 1) -> str:
-        """One line for the run's log: the shapes a packed batch can take."""
-        return (f"packed rows: {self.row_multiple * groups} x (1 to 16, 18, 20, ..., 32, 36, 40, "
-                f"...) rows x one of {list(self.row_lengths())} tokens, segment slots a power of two")
+    def describe(self, sequences: int, groups: int = 1) -> str:
+        """One line for the run's log: the shapes a packed batch of up to ``sequences``
+        sequences can take."""
+        counts = self.row_counts(sequences, groups)
+        shown = counts if len(counts) <= 6 else [*counts[:3], "...", *counts[-2:]]
+        return (f"packed rows: {len(counts)} shapes, [rows, tokens] = [{'|'.join(map(str, shown))}, "
+                f"{self.max_tokens}], up to {self.segments} sequences per row")
 
 
 @dataclasses.dataclass(frozen=True)
 class Packing:
     """Where each sequence goes: ``rows[r]`` lists the sequences of row r in order (indices
     into the packed lengths); a row may be empty (all padding). ``row_tokens`` is the row
-    length, ``segments`` the segment slots per row (a power of two, at least the most
-    sequences in a row)."""
+    length, ``segments`` the segment slots per row (at least the most sequences in a row)."""
 
     rows: tuple[tuple[int, ...], ...]
     row_tokens: int
@@ -99,10 +108,11 @@ def row_bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Bins (lists of indices into ``lengths``, longest first) of at most ``capacity`` tokens:
-    each sequence, longest first, goes to the first bin with room. Empty sequences are left
-    out."""
+def first_fit_decreasing(lengths: Sequence[int], capacity: int,
+                         slots: int | None = None) -> list[list[int]]:
+    """Bins (lists of indices into ``lengths``, longest first) of at most ``capacity`` tokens
+    and ``slots`` sequences: each sequence, longest first, goes to the first bin with room.
+    Empty sequences are left out."""
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -112,7 +122,7 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
         if n > capacity:
             raise ValueError(f"a sequence of {n} tokens does not fit a row of {capacity}")
         for b, free in enumerate(room):
-            if n <= free:
+            if n <= free and (slots is None or len(bins[b]) < slots):
                 bins[b].append(i)
                 room[b] -= n
                 break
@@ -123,51 +133,35 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 
 def pack_across_processes(lengths: Sequence[int], shapes: PackShapes, groups: int = 1) -> Packing:
-    """`pack` of this process's sequences, in the shape every process's packing takes (the
-    longest row length, then the most rows and segment slots of all processes: a global batch
-    has one shape); `pack` itself on one process."""
+    """`pack` of this process's sequences, with as many rows as the most any process needs (a
+    global batch has one shape); `pack` itself on one process."""
     packing = pack(lengths, shapes, groups)
     if jax.process_count() == 1:
         return packing
-    row_tokens = int(hosts.gather(np.array([packing.row_tokens])).max())
-    packing = pack(lengths, shapes, groups, row_tokens=row_tokens)
-    rows, segments = hosts.gather(np.array([[len(packing.rows), packing.segments]])).max(axis=0)
-    return Packing(packing.rows + ((),) * (int(rows) - len(packing.rows)), row_tokens, int(segments))
+    rows = int(hosts.gather(np.array([len(packing.rows)])).max())
+    return dataclasses.replace(packing, rows=packing.rows + ((),) * (rows - len(packing.rows)))
 
 
-def pack(lengths: Sequence[int], shapes: PackShapes, groups: int = 1, *,
-         row_tokens: int | None = None) -> Packing:
-    """The packing of sequences of ``lengths`` tokens (0: left out of the rows) that computes
-    the fewest tokens among ``shapes`` (rows of ``row_tokens`` if given), sequence i in group
-    i % ``groups`` (module docstring). Raises ValueError for a sequence longer than
-    ``shapes.max_tokens``."""
+def pack(lengths: Sequence[int], shapes: PackShapes, groups: int = 1) -> Packing:
+    """The packing of sequences of ``lengths`` tokens (0: left out of the rows) into rows of
+    ``shapes`` (module docstring), sequence i in group i % ``groups``. Raises ValueError for a
+    sequence longer than ``shapes.max_tokens``."""
     lengths = [int(n) for n in lengths]
     longest = max(lengths, default=0)
     if longest > shapes.max_tokens:
         raise ValueError(f"a sequence has {longest} tokens, more than the {shapes.max_tokens} a "
                          "packed row may hold")
     members = [list(range(g, len(lengths), groups)) for g in range(groups)]
-    best = None
-    ladder = shapes.row_lengths() if row_tokens is None else (row_tokens,)
-    for row_tokens in ladder:
-        if row_tokens < longest:
-            continue
-        bins = [[[members[g][i] for i in b]
-                 for b in first_fit_decreasing([lengths[i] for i in members[g]], row_tokens)]
-                for g in range(groups)]
-        per_group = max(1, max(len(b) for b in bins))
-        per_group = row_bucket(-(-per_group // shapes.row_multiple)) * shapes.row_multiple
-        if best is None or per_group * row_tokens < best[0] * best[1]:
-            best = (per_group, row_tokens, bins)
-    if best is None:
-        raise ValueError(f"a sequence of {longest} tokens does not fit a row of {ladder[-1]}")
-    per_group, row_tokens, bins = best
+    bins = [[[members[g][i] for i in b] for b in first_fit_decreasing(
+        [lengths[i] for i in members[g]], shapes.max_tokens, shapes.segments)]
+        for g in range(groups)]
+    per_group = max(1, max(len(b) for b in bins))
+    per_group = row_bucket(-(-per_group // shapes.row_multiple)) * shapes.row_multiple
     rows = [()] * (per_group * groups)
     for g, group_bins in enumerate(bins):
         for local, b in enumerate(group_bins):
             rows[local * groups + g] = tuple(b)
-    most = max(len(row) for row in rows)
-    return Packing(tuple(rows), row_tokens, 1 << max(most - 1, 0).bit_length())
+    return Packing(tuple(rows), shapes.max_tokens, shapes.segments)
 
 
 def pack_tokens(tokens: np.ndarray, lengths: Sequence[int], packing: Packing, pad_id: int) -> np.ndarray:

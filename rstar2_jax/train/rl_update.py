@@ -27,8 +27,8 @@ into the layout above, one rollout per row, which is what the rollout correction
 and the loss see: each of them is the same function of the same arrays as unpacked. Each mini-
 and micro-batch packs its own rollouts (packing groups), the ones it would train on unpacked.
 
-Every distinct (rows, seq) shape compiles once; bucket them in the caller. Packed shapes come
-from the ladder of `PackShapes` (logged at the first update).
+Every distinct (rows, seq) shape compiles once; bucket them in the caller. Packed shapes are
+`PackShapes`' (logged at the first update).
 """
 from __future__ import annotations
 
@@ -260,7 +260,7 @@ class RLUpdate:
     def _pack(self, batch: dict, shifted: dict, groups: int) -> dict:
         shapes = PackShapes(batch["tokens"].shape[1], row_multiple=process_fsdp_shards(self.mesh))
         if not self._logged_shapes:
-            log.info("RL update %s", shapes.describe(groups))
+            log.info("RL update %s", shapes.describe(batch["tokens"].shape[0], groups))
             self._logged_shapes = True
         return pack_rows(batch, shifted, shapes, groups)
 

@@ -4,8 +4,8 @@ Data is JSONL, one conversation per line in the standard chat layout, encoded by
 :class:`rstar2_jax.train.sft_data.Conversations` (agent trajectories exactly as the sampler
 builds them, general chat with the tokenizer's chat template); the loss mask is 1 on assistant
 tokens only, so prompts and tool outputs are attended to but never trained on. Batches are
-packed (`pack_batch`: several conversations per row, each attending only to itself, rows from a
-ladder of lengths up to ``seq_len``; ``SFTConfig.packed``) or right-padded to ``seq_len``, one
+packed (`pack_batch`: several conversations per row, each attending only to itself, rows of
+``seq_len`` tokens; ``SFTConfig.packed``) or right-padded to ``seq_len``, one
 conversation per row (`pad_batch`); both give the same loss and gradients.
 
 Across processes, each process encodes and feeds only its rows of each batch
@@ -147,7 +147,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
     mine = process_rows(config.batch_size, run.mesh)  # of each global batch
     shapes = PackShapes(config.seq_len, row_multiple=micro_batches * process_fsdp_shards(run.mesh))
     if config.packed:
-        log.info("SFT %s", shapes.describe())
+        log.info("SFT %s", shapes.describe(len(range(config.batch_size)[mine])))
     count_tokens = jax.jit(jnp.sum)
     timer = PhaseTimer()
     try:
