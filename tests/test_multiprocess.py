@@ -170,6 +170,38 @@ def test_rl_eval_and_hard_subset_across_two_processes_match_one_process(rl_setup
     assert 0 < len(hard.splitlines()) < 16 and (d / "hard_two.jsonl").read_text() == hard
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["sft", "rl"])
+def test_packed_batches_across_two_processes_train_as_one_padded_process(job, request):
+    # Each process packs its own rows; the processes agree on the row count (the most any of
+    # them needs), and the run trains as one process's right-padded rows do.
+    d = request.getfixturevalue(f"{job}_setup")
+    if job == "sft":
+        args, config, run, last_step = _sft_args(d, "two_packed", epochs=1), SFTConfig, run_sft, 2
+        reference = _sft_args(d, "one_padded", epochs=1)[1:]
+        packed = "packed=true"
+    else:
+        args, config, run, last_step = _rl_args(d, "two_packed"), RLJobConfig, run_rl, 2
+        reference = _rl_args(d, "one_padded")[1:]
+        packed = "rl.packed=true"
+    reference = run(load_config(config, overrides=reference), progress=False)
+    results = _finish(_start([*args, packed]))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert "packed rows" in results[0][1]
+    one, two = read_metrics(d / "one_padded"), read_metrics(d / "two_packed")
+    assert [r["step"] for r in two] == list(range(1, last_step + 1))
+    for a, b in zip(_comparable(one), _comparable(two), strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    checkpoints = Checkpointer(d / "two_packed" / "checkpoints")
+    restored = checkpoints.restore(last_step, reference)
+    checkpoints.close()
+    for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(restored.state.params),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=0)
+    if job == "rl":
+        assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 for r in one)  # both steps trained
+
+
 def _start_claims_worker(*args):
     """The 2 processes of tests/claims_worker.py, 1 CPU device each."""
     address = f"127.0.0.1:{free_port()}"

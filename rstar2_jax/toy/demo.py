@@ -72,8 +72,9 @@ class DemoConfig:
       seed: seeds the model init, SFT order, RL sampling and evaluation.
       data: toy problems and demonstrations.
       model: the toy model's shape.
-      sft_epochs, sft_batch_size, sft_optimizer: supervised fine-tuning; the sequence length is
-        the longest demonstration's (see ``sft_seq_len``), never a constant.
+      sft_epochs, sft_batch_size, sft_optimizer, sft_packed: supervised fine-tuning; the sequence
+        length is the longest demonstration's (see ``sft_seq_len``), never a constant; packed
+        batches as ``SFTConfig.packed`` (RL's: ``rl.packed``).
       rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering and
         ``tool_session`` must match ``data``'s, so that RL shows the model what SFT showed it).
       precision: the precision policy of SFT and RL (``precision.compute=bfloat16`` trains
@@ -96,6 +97,7 @@ class DemoConfig:
     sft_digit_loss_weight: float = 5.0
     sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=3e-3, schedule="constant", warmup_steps=10, weight_decay=0.0))
+    sft_packed: bool = False
     # Sampled at the evaluation temperature, not the paper's 1.0: at 1.0 the tiny model miscopies
     # so many digits that few groups hold a right answer, and RL gains nothing in 12 steps.
     # 32 questions a step: with 16, RoC kept 1-7 groups a step and a weak SFT policy drifted.
@@ -260,7 +262,7 @@ def sft_config(cfg: DemoConfig, out: Path, seq_len: int) -> SFTConfig:
     return SFTConfig(
         model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
         data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=seq_len,
-        batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed,
+        batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed, packed=cfg.sft_packed,
         digit_loss_weight=cfg.sft_digit_loss_weight, precision=cfg.precision,
         optimizer=cfg.sft_optimizer, checkpoint=CheckpointConfig(every=10_000, keep=1),
         mesh=MeshConfig(fsdp=1))
