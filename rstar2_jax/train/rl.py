@@ -14,12 +14,17 @@ One RL step, for `questions_per_step` questions (docs/algorithms.md):
 The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
 one passed to `run_rl`.
 
-The sampler reads the updated params directly: same process, no weight copy. Across several
+Synchronous (``rl.max_staleness=0``, the default): the sampler reads the trainer's params
+directly, same process, no weight copy, and each step's rollouts come from the params it
+trains. Asynchronous (k > 0, one process): a sampler thread rolls out step s with the policy
+after update max(start, s - k), from its own copy in the serving dtype, while the trainer
+updates on earlier steps (`_pipelined`; docs/algorithms.md "Asynchronous RL"). Across several
 processes the hosts take the step's questions from a shared queue as their engines free rows,
 roll them out with their own tool and verifier pools, exchange the trajectories, and each trains
 on the rollouts of its block of the step's questions (`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
-run repeats the uninterrupted one.
+run repeats the uninterrupted one (at k = 0: under k > 0 the rollouts in flight are not saved,
+and the first k steps after a resume sample with the resumed params).
 """
 from __future__ import annotations
 
