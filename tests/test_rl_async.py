@@ -176,3 +176,15 @@ def test_staleness_is_refused_on_several_processes(sft_model, monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(ConfigError, match="rl.max_staleness=1 runs on one process only"):
         run_rl(_config(sft_model, "processes", 1), progress=False)
+
+
+def test_a_resumed_run_samples_its_first_k_steps_with_the_resumed_params(sft_model, monkeypatch):
+    # The rollouts in flight at a checkpoint are not saved: after a resume at step r, steps
+    # r .. r + k - 1 sample with version r (lag 0 .. k - 1), then the lag is k again.
+    d, k = sft_model, 2
+    run_rl(_config(d, "resumed", k, 2), progress=False)
+    recorder = Recorder(monkeypatch, k, slow="none")
+    run_rl(_config(d, "resumed", k, 5), progress=False)
+    assert {s: v for s, (v, _) in recorder.rollouts.items()} == {2: 2, 3: 2, 4: 2}
+    assert [(r["step"], r["staleness/max"]) for r in read_metrics(d / "resumed")] == [
+        (1, 0), (2, 1), (3, 0), (4, 1), (5, 2)]
