@@ -209,6 +209,9 @@ class Trajectory:
     `finish_reason`: "answer" (final turn has an `<answer>` block), "no_tool_call" (final turn
     has neither an answer nor a tool call), "max_turns", or "budget" (truncated: the token
     budget ran out while generating or a tool response would not fit).
+    `versions`, aligned with `response_ids` when set: the policy version (updates the trainer
+    had applied) that sampled each token, a tool response's tokens carrying its call's; the RL
+    loop stamps it (`rstar2_jax.train.rl`), empty elsewhere.
     """
 
     prompt_index: int
@@ -222,6 +225,7 @@ class Trajectory:
     tool_calls: list[ToolCallRecord] = dataclasses.field(default_factory=list)
     num_answer_blocks: int = 0
     finish_reason: str = ""
+    versions: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def num_turns(self) -> int:

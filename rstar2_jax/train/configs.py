@@ -218,6 +218,11 @@ class RLConfig:
     (one more forward, no backward) and given to losses that take ``ref_logp``, and the step
     logs ``ref_kl``. It costs a copy of the weights in the compute dtype; off (the default)
     it costs nothing. ``kl_coef`` needs it.
+
+    ``max_staleness`` (k): the rollouts of step s are sampled by the policy after update
+    s - k (at most k updates old) while the trainer updates on earlier steps' rollouts
+    (`rstar2_jax.train.rl`, docs/algorithms.md "Asynchronous RL"); 0, the default, is the
+    synchronous loop: each step's rollouts come from the params it trains. One process only.
     """
 
     questions_per_step: int = 512
@@ -237,6 +242,7 @@ class RLConfig:
     kl_coef: float = 0.0
     kl_penalty: KLPenalty = "low_var_kl"
     reference: bool = False
+    max_staleness: int = 0
 
     def __post_init__(self):
         _check(self.questions_per_step >= 1,
@@ -262,6 +268,7 @@ class RLConfig:
         _check(self.kl_coef == 0 or self.reference,
                f"rl.kl_coef={self.kl_coef} penalises the KL to the reference policy, and there is "
                f"none: set rl.reference=true (the stage's initial weights)")
+        _check(self.max_staleness >= 0, f"rl.max_staleness must be >= 0, got {self.max_staleness}")
 
 
 @dataclass(frozen=True)

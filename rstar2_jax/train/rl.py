@@ -14,17 +14,23 @@ One RL step, for `questions_per_step` questions (docs/algorithms.md):
 The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
 one passed to `run_rl`.
 
-The sampler reads the updated params directly: same process, no weight copy. Across several
+Synchronous (``rl.max_staleness=0``, the default): the sampler reads the trainer's params
+directly, same process, no weight copy, and each step's rollouts come from the params it
+trains. Asynchronous (k > 0, one process): a sampler thread rolls out step s with the policy
+after update max(start, s - k), from its own copy in the serving dtype, while the trainer
+updates on earlier steps (`_pipelined`; docs/algorithms.md "Asynchronous RL"). Across several
 processes the hosts take the step's questions from a shared queue as their engines free rows,
 roll them out with their own tool and verifier pools, exchange the trajectories, and each trains
 on the rollouts of its block of the step's questions (`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
-run repeats the uninterrupted one.
+run repeats the uninterrupted one (at k = 0: under k > 0 the rollouts in flight are not saved,
+and the first k steps after a resume sample with the resumed params).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -72,6 +78,31 @@ def question_batch(num_problems: int, per_step: int, step: int, seed: int) -> np
     return order[index * per_step:(index + 1) * per_step]
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRollouts:
+    """The sampler's side of one RL step, what the trainer needs of it.
+
+    batch: `make_batch`'s arrays of this process's kept rollouts; None when nothing was kept.
+    versions: int `[tokens]`, the policy version that sampled each token the update trains on
+      (each kept rollout's generated tokens; every rollout's when nothing was kept).
+    metrics: the step's rollout metrics (`rollout_metrics`, times).
+    """
+
+    step: int
+    batch: dict | None
+    versions: np.ndarray
+    metrics: dict
+
+
+def _trained_versions(trajs: list[Trajectory], kept: np.ndarray) -> np.ndarray:
+    """`StepRollouts.versions` of the trajectories ``trajs[kept]`` (of all of them when
+    ``kept`` is empty): the versions of their generated tokens, int64 `[tokens]` (every
+    rollout has at least one)."""
+    chosen = [trajs[i] for i in kept] if kept.size else trajs
+    return np.concatenate([np.asarray(t.versions, np.int64)[np.asarray(t.loss_mask, bool)]
+                           for t in chosen])
+
+
 @dataclasses.dataclass
 class RLLoop:
     """The parts one RL step needs; `step` runs one and returns its metrics."""
@@ -88,6 +119,19 @@ class RLLoop:
     checked_mismatch: bool = False  # the first update of this process's run checks the gap
 
     def step(self, state: TrainState, step: int, rng: jax.Array) -> tuple[TrainState, dict]:
+        """One synchronous step (``rl.max_staleness=0``): rollouts of ``state``'s params, then
+        the update. The trainer idles while the sampler runs and the sampler while the update
+        runs: ``time/trainer_wait_s`` and ``time/sampler_wait_s`` say how long."""
+        start = time.perf_counter()
+        rollouts = self.rollout(serving_params(state.params), step, rng, version=step)
+        sampling_s = time.perf_counter() - start
+        state, metrics = self.train(state, rollouts)
+        return state, metrics | {"time/trainer_wait_s": sampling_s,
+                                 "time/sampler_wait_s": metrics["time/update_s"]}
+
+    def rollout(self, params, step: int, rng: jax.Array, version: int) -> StepRollouts:
+        """The sampler's side of step ``step``: its rollouts by ``params`` (policy ``version``,
+        stamped on every token), rewards, the algorithm's selection and the batch to train on."""
         rl = self.config.rl
         n = rl.rollouts_per_question
         indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
@@ -98,8 +142,10 @@ class RLLoop:
         # Each host takes the step's questions from a shared queue as its rows free up
         # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
         trajs, rewards, stats, reward_wait = score_rollouts(
-            self.sampler, self.verifier, serving_params(state.params), problems, prompts, n,
-            rollout_seed, claim=claims(len(problems)))
+            self.sampler, self.verifier, params, problems, prompts, n, rollout_seed,
+            claim=claims(len(problems)))
+        for t in trajs:
+            t.versions = [version] * len(t.response_ids)
         trajs, rewards = _all_questions(trajs, rewards, n)
         hosts = gather({
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
@@ -115,7 +161,7 @@ class RLLoop:
             "time/reward_wait_s": reward_wait_s,
             "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
             "rollouts/preemptions": preemptions}
-        start = time.perf_counter()
+        batch = None
         if kept.index.size:
             # Each process trains on the rollouts of its block of the step's questions, whichever
             # host sampled them: the update is the same whatever each host took.
@@ -128,8 +174,20 @@ class RLLoop:
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
                                rows=bucket(most, minimum=1))
             check_trained_ids(batch, block, mine, self._encode_tool_response)
+        return StepRollouts(step=step, batch=batch, versions=_trained_versions(trajs, kept.index),
+                            metrics=metrics)
+
+    def train(self, state: TrainState, rollouts: StepRollouts) -> tuple[TrainState, dict]:
+        """The trainer's side of step ``rollouts.step``: the update on its batch (none when the
+        selection kept nothing), from ``state``, the policy after ``rollouts.step`` updates.
+        Returns the new state and the step's metrics: the sampler side's, the update's and the
+        staleness of the trained tokens (``staleness/mean``, ``staleness/max``: updates between
+        the policy that sampled a token and the one that trains on it)."""
+        step, metrics = rollouts.step, dict(rollouts.metrics)
+        start = time.perf_counter()
+        if rollouts.batch is not None:
             check = None if self.checked_mismatch else self._check_mismatch
-            state, update_metrics = self.update(state, batch, check=check)
+            state, update_metrics = self.update(state, rollouts.batch, check=check)
             self.checked_mismatch = True
             metrics |= update_metrics
         else:
@@ -137,6 +195,8 @@ class RLLoop:
                         "rewards were equal); no update", step + 1)
         metrics["time/update_s"] = time.perf_counter() - start
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
+        lag = step - rollouts.versions
+        metrics |= {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max())}
         # One RL step may take several optimizer updates (mini-batches) or none; the train
         # state's step counts RL steps, the optimizer keeps its own count for the schedule.
         state = state._replace(step=_set_step(state.step, step + 1))
@@ -224,6 +284,11 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
     after each step is logged. Returns the final state.
     """
+    if config.rl.max_staleness and jax.process_count() > 1:
+        raise ConfigError(f"rl.max_staleness={config.rl.max_staleness} runs on one process only "
+                          f"(this run has {jax.process_count()}): the sampler thread of several "
+                          "processes would need its own collectives (docs/algorithms.md, "
+                          "\"Asynchronous RL\")")
     if config.rl.questions_per_step % jax.process_count():
         raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} does not split "
                           f"evenly over the run's {jax.process_count()} processes")
@@ -264,11 +329,150 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                             loss=algorithm.loss,
                             reference=reference_params(config, run) if config.rl.reference else None),
             pad_id=tokenizer.pad_token_id or 0)
-        for step in range(run.step, run.end_step):
-            state, metrics = loop.step(run.state, step, run.rng)
-            run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
-            if on_step is not None:
-                on_step(run.step, metrics)
+        if config.rl.max_staleness:
+            _pipelined(loop, run, on_step, lag=config.rl.max_staleness)
+        else:
+            _synchronous(loop, run, on_step)
         return run.state
     finally:
         run.close()
+
+
+def _synchronous(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | None) -> None:
+    """Runs the run's remaining steps one after the other (``rl.max_staleness=0``)."""
+    for step in range(run.step, run.end_step):
+        state, metrics = loop.step(run.state, step, run.rng)
+        run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
+        if on_step is not None:
+            on_step(run.step, metrics)
+
+
+def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | None, *,
+               lag: int) -> None:
+    """Runs the run's remaining steps with rollouts ``lag`` (k) updates behind: a sampler thread
+    rolls out step s with the policy after update max(start, s - k) (``start``: the step the
+    run starts or resumes at) while this thread trains on earlier steps' rollouts.
+
+    The bound holds by construction: the trainer publishes a copy of each version a later
+    step samples with, in the serving dtype (the train step donates its own params), and the
+    sampler waits for it, so it is at most k steps ahead and holds at most k + 1 versions; the
+    trainer waits for each step's rollouts. Each side's waits are its step's
+    ``time/trainer_wait_s`` / ``time/sampler_wait_s``. An exception on either side ends the
+    run: the sampler's is raised here once the steps it finished are trained, with a note
+    saying where it came from; the trainer's stops the sampler at its next wait (after the
+    rollout it is in).
+    """
+    start, end = run.step, run.end_step
+    copy = _serving_copy(loop.config.rollout.serving_config(run.compute_config).jnp_dtype)
+    pipe = _Pipeline()
+    pipe.publish(start, copy(run.state.params))
+    sampler = threading.Thread(target=_sample, args=(loop, pipe, run.rng, start, end, lag),
+                               name="rl-sampler", daemon=True)
+    sampler.start()
+    try:
+        for step in range(start, end):
+            rollouts, waited = pipe.take(step)
+            state, metrics = loop.train(run.state, rollouts)
+            if step + 1 + lag < end:  # step + 1 + k samples with this version
+                pipe.publish(step + 1, copy(state.params))
+            metrics["time/trainer_wait_s"] = waited
+            run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
+            if on_step is not None:
+                on_step(run.step, metrics)
+    finally:
+        pipe.close()
+        sampler.join()
+
+
+def _sample(loop: RLLoop, pipe: _Pipeline, rng: jax.Array, start: int, end: int, lag: int) -> None:
+    """The sampler thread of `_pipelined`: steps ``start .. end - 1`` in order."""
+    step = start
+    try:
+        for step in range(start, end):
+            version = max(start, step - lag)
+            params, waited = pipe.params(version)
+            rollouts = loop.rollout(params, step, rng, version)
+            del params  # the next step may serve a newer version; this one can go
+            rollouts.metrics["time/sampler_wait_s"] = waited
+            pipe.put(step, rollouts)
+    except _Stopped:
+        pass
+    except BaseException as e:  # noqa: BLE001 -- handed to the trainer, which raises it
+        pipe.fail(step, e)
+
+
+class _Stopped(Exception):
+    """The trainer has stopped: the sampler thread ends."""
+
+
+class _Pipeline:
+    """What the trainer and the sampler thread of `_pipelined` hand each other: the params
+    versions the sampler will serve, its finished steps, and the end of either side."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._params: dict[int, object] = {}
+        self._ready: dict[int, StepRollouts] = {}
+        self._failure: tuple[int, BaseException] | None = None
+        self._stopped = False
+
+    def publish(self, version: int, params) -> None:
+        """Trainer: ``params`` are policy ``version`` (a copy the trainer will not donate)."""
+        jax.block_until_ready(params)  # copied before the next update donates the source
+        with self._changed:
+            self._params[version] = params
+            self._changed.notify_all()
+
+    def params(self, version: int):
+        """Sampler: (policy ``version``'s params, seconds waited for them); drops older
+        versions. Raises _Stopped when the trainer has stopped."""
+        start = time.perf_counter()
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopped or version in self._params)
+            if self._stopped:
+                raise _Stopped
+            for old in [v for v in self._params if v < version]:
+                del self._params[old]
+            return self._params[version], time.perf_counter() - start
+
+    def put(self, step: int, rollouts: StepRollouts) -> None:
+        with self._changed:
+            self._ready[step] = rollouts
+            self._changed.notify_all()
+
+    def fail(self, step: int, error: BaseException) -> None:
+        """Sampler: ``error`` ended it while it prepared ``step``."""
+        with self._changed:
+            self._failure = step, error
+            self._changed.notify_all()
+
+    def take(self, step: int) -> tuple[StepRollouts, float]:
+        """Trainer: (step ``step``'s rollouts, seconds waited for them); raises the sampler's
+        exception if it failed before it finished them (the steps it finished train first)."""
+        start = time.perf_counter()
+        with self._changed:
+            self._changed.wait_for(lambda: self._failure is not None or step in self._ready)
+            if step not in self._ready:
+                failed, error = self._failure
+                error.add_note(f"(raised in the RL sampler thread, rolling out step {failed + 1}, "
+                               f"rl.max_staleness > 0)")
+                raise error
+            return self._ready.pop(step), time.perf_counter() - start
+
+    def close(self) -> None:
+        """Trainer: it has stopped; the sampler ends at its next wait."""
+        with self._changed:
+            self._stopped = True
+            self._params.clear()
+            self._changed.notify_all()
+
+
+def _serving_copy(dtype):
+    """Jitted ``params -> copy`` with floating arrays in ``dtype``, laid out as given: a version
+    the sampler holds while the trainer's own params are donated to the next update."""
+    def copy(params):
+        return jax.tree.map(
+            lambda x: jnp.copy(x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x),
+            params)
+
+    return jax.jit(copy)

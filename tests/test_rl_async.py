@@ -1,0 +1,190 @@
+"""Asynchronous RL (``rl.max_staleness`` = k): the pipelined loop at k = 0 is the synchronous
+loop; at k > 0 each step's rollouts come from the policy k updates back (version stamps, the
+bound, the staleness metrics), the same whether the trainer or the sampler is the slow side;
+a failure on either side ends the run with its error."""
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from rl_setup import rl_overrides, write_rl_setup
+from rstar2_jax.config import load_config
+from rstar2_jax.errors import ConfigError
+from rstar2_jax.train import rl
+from rstar2_jax.train.configs import RLJobConfig
+from rstar2_jax.train.metrics import read_metrics
+from rstar2_jax.train.rl import RLLoop, run_rl
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rl_async")
+    write_rl_setup(d)
+    return d
+
+
+def _config(d, run, staleness, steps=STEPS, *overrides):
+    return load_config(RLJobConfig, overrides=rl_overrides(
+        d, run, steps, "rl.mini_batches=2", "mesh.fsdp=1", f"rl.max_staleness={staleness}",
+        *overrides))
+
+
+def _same_params(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def test_the_pipelined_loop_at_staleness_0_is_the_synchronous_loop(sft_model, monkeypatch):
+    d = sft_model
+    synchronous = run_rl(_config(d, "sync", 0, 3), progress=False)
+    # The sampler thread, its own copy of each version, the hand-over: at k = 0 the sampler
+    # waits for each update, and the run must be the synchronous one bit for bit.
+    monkeypatch.setattr(rl, "_synchronous",
+                        lambda loop, run, on_step: rl._pipelined(loop, run, on_step, lag=0))
+    pipelined = run_rl(_config(d, "pipelined", 0, 3), progress=False)
+    assert _same_params(synchronous.params, pipelined.params)
+    for a, b in zip(read_metrics(d / "sync"), read_metrics(d / "pipelined"), strict=True):
+        assert a.keys() == b.keys()
+        # The sampler's own log-probs vary in the last bits with its slot schedule (tool timing),
+        # so the sampler/trainer gap is equal only nearly; nothing trained depends on them here.
+        exact = {k for k in a if not k.startswith(("time/", "perf/", "logprob_mismatch/"))}
+        assert {k: a[k] for k in exact} == {k: b[k] for k in exact}
+        gap = {k for k in a if k.startswith("logprob_mismatch/")}
+        assert {k: a[k] for k in gap} == pytest.approx({k: b[k] for k in gap}, rel=1e-3, abs=1e-7)
+        assert a["staleness/mean"] == a["staleness/max"] == 0.0
+
+
+class Recorder:
+    """Wraps `RLLoop.rollout` / `RLLoop.train` to record, at each rollout's start, the version
+    it samples with and how many updates the trainer had finished, and the versions stamped on
+    each step's trained tokens; ``slow`` ("trainer" or "sampler") holds one side back."""
+
+    def __init__(self, monkeypatch, staleness: int, slow: str):
+        self.k, self.slow = staleness, slow
+        self.updates_done = 0
+        self.rollouts = {}  # step -> (version, updates done when it started)
+        self.versions = {}  # step -> versions of its trained tokens
+        self.held = []  # params versions the pipeline holds after each publish
+        self.sampler_ahead = threading.Event()
+        rollout, train, publish = RLLoop.rollout, RLLoop.train, rl._Pipeline.publish
+
+        def slow_rollout(loop, params, step, rng, version):
+            self.rollouts[step] = version, self.updates_done
+            if self.slow == "sampler":
+                time.sleep(0.5)
+            out = rollout(loop, params, step, rng, version)
+            self.versions[step] = out.versions
+            if step == self.k:
+                self.sampler_ahead.set()
+            return out
+
+        def slow_train(loop, state, rollouts):
+            if self.slow == "trainer" and rollouts.step == 0:
+                # The trainer's first update waits until the sampler has rolled out step k,
+                # k steps ahead, which it can only do without waiting for any update. (The
+                # timeout only turns a broken pipeline's deadlock into a failure.)
+                assert self.sampler_ahead.wait(timeout=600)
+            if self.slow == "trainer":
+                time.sleep(0.5)
+            out = train(loop, state, rollouts)
+            self.updates_done += 1
+            return out
+
+        def counted_publish(pipe, version, params):
+            publish(pipe, version, params)
+            self.held.append(len(pipe._params))
+
+        monkeypatch.setattr(RLLoop, "rollout", slow_rollout)
+        monkeypatch.setattr(RLLoop, "train", slow_train)
+        monkeypatch.setattr(rl._Pipeline, "publish", counted_publish)
+
+
+@pytest.fixture(scope="module")
+def slow_runs(sft_model):
+    """Two runs at k = 2, one with a slow trainer, one with a slow sampler."""
+    k, out = 2, {}
+    for slow in ("trainer", "sampler"):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            recorder = Recorder(monkeypatch, k, slow)
+            state = run_rl(_config(sft_model, f"slow_{slow}", k), progress=False)
+        out[slow] = recorder, state, read_metrics(sft_model / f"slow_{slow}")
+    return k, out
+
+
+@pytest.mark.parametrize("slow", ["trainer", "sampler"])
+def test_rollouts_are_k_updates_behind_and_stamped_with_their_version(slow_runs, slow):
+    k, runs = slow_runs
+    recorder, _, metrics = runs[slow]
+    assert sorted(recorder.rollouts) == list(range(STEPS))
+    for step, (version, done) in recorder.rollouts.items():
+        assert version == max(0, step - k)
+        assert done >= version  # the version existed: the sampler is never more than k ahead
+        np.testing.assert_array_equal(recorder.versions[step], version)
+        assert recorder.versions[step].size > 0
+    if slow == "trainer":
+        assert recorder.rollouts[k][1] == 0  # step k rolled out before any update
+    assert max(recorder.held) <= k + 1
+    for r in metrics:
+        lag = min(k, r["step"] - 1)
+        assert r["staleness/mean"] == r["staleness/max"] == lag
+        assert r["time/trainer_wait_s"] >= 0 and r["time/sampler_wait_s"] >= 0
+
+
+def test_a_fixed_lag_gives_the_same_run_whichever_side_is_slow(slow_runs):
+    _, runs = slow_runs
+    assert _same_params(runs["trainer"][1].params, runs["sampler"][1].params)
+    for a, b in zip(runs["trainer"][2], runs["sampler"][2], strict=True):
+        assert a["loss"] == b["loss"] and a["reward/mean"] == b["reward/mean"]
+
+
+def test_a_failing_sampler_ends_the_run_with_its_error(sft_model, monkeypatch):
+    rollout = RLLoop.rollout
+
+    def failing(loop, params, step, rng, version):
+        if step == 2:
+            raise RuntimeError("the sandbox went away")
+        return rollout(loop, params, step, rng, version)
+
+    monkeypatch.setattr(RLLoop, "rollout", failing)
+    with pytest.raises(RuntimeError, match="the sandbox went away") as e:
+        run_rl(_config(sft_model, "sampler_fails", 1), progress=False)
+    assert any("RL sampler thread, rolling out step 3" in n for n in e.value.__notes__)
+    assert [r["step"] for r in read_metrics(sft_model / "sampler_fails")] == [1, 2]
+    assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
+
+
+def test_a_failing_trainer_stops_the_sampler(sft_model, monkeypatch):
+    train = RLLoop.train
+
+    def failing(loop, state, rollouts):
+        if rollouts.step == 1:
+            raise FloatingPointError("the loss is NaN")
+        return train(loop, state, rollouts)
+
+    monkeypatch.setattr(RLLoop, "train", failing)
+    with pytest.raises(FloatingPointError, match="the loss is NaN"):
+        run_rl(_config(sft_model, "trainer_fails", 1), progress=False)
+    assert [r["step"] for r in read_metrics(sft_model / "trainer_fails")] == [1]
+    assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
+
+
+def test_staleness_is_refused_on_several_processes(sft_model, monkeypatch):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match="rl.max_staleness=1 runs on one process only"):
+        run_rl(_config(sft_model, "processes", 1), progress=False)
+
+
+def test_a_resumed_run_samples_its_first_k_steps_with_the_resumed_params(sft_model, monkeypatch):
+    # The rollouts in flight at a checkpoint are not saved: after a resume at step r, steps
+    # r .. r + k - 1 sample with version r (lag 0 .. k - 1), then the lag is k again.
+    d, k = sft_model, 2
+    run_rl(_config(d, "resumed", k, 2), progress=False)
+    recorder = Recorder(monkeypatch, k, slow="none")
+    run_rl(_config(d, "resumed", k, 5), progress=False)
+    assert {s: v for s, (v, _) in recorder.rollouts.items()} == {2: 2, 3: 2, 4: 2}
+    assert [(r["step"], r["staleness/max"]) for r in read_metrics(d / "resumed")] == [
+        (1, 0), (2, 1), (3, 0), (4, 1), (5, 2)]
