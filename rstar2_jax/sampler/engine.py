@@ -22,7 +22,8 @@ When the pool runs out, the newest rows are *preempted*: their pages go back to 
 their token history stays on the host; they are prefilled again (recomputed) when pages free up.
 The oldest active row can always run (the pool holds at least one full-length row, see
 `rstar2_jax.sampler.memory`), so a batch always finishes. A sequence's tokens do not depend on
-preemption: token n of a row is drawn with `fold_in(key, n)`.
+preemption: token n of a row is drawn with `fold_in(key, n)` (under one set of weights: a row
+preempted after `set_params` is recomputed under the new ones).
 
 New weights (`set_params`) take effect between device calls: rows then either continue on the
 keys and values cached under the earlier weights, or have their caches dropped and their whole
