@@ -9,6 +9,7 @@ scripted policy checks that a tool call in flight across an update runs once and
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import threading
 
 import jax
@@ -18,7 +19,8 @@ import pytest
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward, forward_cached, init_cache, init_params
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
-from rstar2_jax.sampler.engine import bucket
+from rstar2_jax.sampler.engine import STAGE_ROWS, bucket
+from rstar2_jax.sampler.memory import GIB, plan_memory
 from rstar2_jax.sampler.rollout import Trajectory
 from rstar2_jax.sampler.weights import WeightUpdates
 from rstar2_jax.sandbox import ExecResult
@@ -49,12 +51,26 @@ def model():
     return tokenizer, config, prompts, weights
 
 
-def make_sampler(model, on_weight_update="keep", rows=6):
+# The prompts have 94-100 tokens.
+LIMITS = RolloutLimits(max_turns=1, max_response_tokens=24, max_prompt_tokens=100)
+
+
+def least_budget_gib(model, rows, limits):
+    """A memory budget that leaves the engine its smallest pool."""
+    _, config, _, weights = model
+    plan = plan_memory(config, weights[0], num_slots=rows, num_rows=rows,
+                       max_len=limits.max_prompt_tokens + limits.max_response_tokens,
+                       max_prompt_len=limits.max_prompt_tokens, stage_rows=STAGE_ROWS,
+                       page_size=RolloutSettings().page_size, budget=None)
+    return (plan.fixed() + plan.least_pages * plan.page_bytes) / GIB
+
+
+def make_sampler(model, on_weight_update="keep", rows=6, memory_budget_gib=None, limits=LIMITS):
     tokenizer, config, _, _ = model
     settings = RolloutSettings(num_slots=rows, num_rows=rows, chunk=4, show_tool_time=False,
-                               on_weight_update=on_weight_update)
-    return AgentSampler(config, tokenizer, NoTools(), settings,
-                        RolloutLimits(max_turns=1, max_response_tokens=24, max_prompt_tokens=128),
+                               on_weight_update=on_weight_update,
+                               memory_budget_gib=memory_budget_gib)
+    return AgentSampler(config, tokenizer, NoTools(), settings, limits,
                         SamplingParams(temperature=1.0), fmt=TOY_FORMAT)
 
 
@@ -75,12 +91,14 @@ class AtCall(WeightUpdates):
         return super().take(newer_than)
 
 
-def roll(model, updates=None, on_weight_update="keep", rows=6, version=0):
+def roll(model, updates=None, on_weight_update="keep", rows=6, version=0,
+         memory_budget_gib=None, samples=SAMPLES, limits=LIMITS):
     """(trajectories, stats, the seam) of the model's prompts with ``updates`` at fixed calls."""
-    sampler = make_sampler(model, on_weight_update, rows)
+    sampler = make_sampler(model, on_weight_update, rows, memory_budget_gib, limits)
     seam = sampler.weight_updates = AtCall(sampler, updates or {})
-    trajs, stats = sampler.rollout(model[3][0], model[2], SAMPLES, seed=5, version=version)
-    assert stats.preemptions == 0  # a preempted row is recomputed: the references assume none
+    trajs, stats = sampler.rollout(model[3][0], model[2], samples, seed=5, version=version)
+    # A preempted row is recomputed: only the test that shrinks the pool expects any.
+    assert (stats.preemptions > 0) == (memory_budget_gib is not None)
     return trajs, stats, seam
 
 
@@ -116,7 +134,8 @@ def test_without_an_update_nothing_changes_and_every_token_has_the_start_version
     again, stats, _ = roll(model, {3: (model[3][0], 4)}, version=3)
     assert stats.weight_updates == 1
     for a, b in zip(plain, again):
-        assert (a.response_ids, a.logprobs, a.loss_mask) == (b.response_ids, b.logprobs, b.loss_mask)
+        assert (a.response_ids, a.logprobs, a.loss_mask) == \
+            (b.response_ids, b.logprobs, b.loss_mask)
     assert 8 in {split(t, 3) for t in again}  # 2 calls of 4 tokens, then version 4
     # Recomputed under the same weights: the same log-probs up to rounding.
     recomputed, _, _ = roll(model, {3: (model[3][0], 4)}, "recompute", version=3)
@@ -141,8 +160,8 @@ def test_tokens_after_an_update_have_its_version_and_its_log_probs(model, mode):
         # Tokens sampled before the update are the ones no update gives, bit for bit.
         assert (response[:k], traj.logprobs[:k]) == (before.response_ids[:k], before.logprobs[:k])
         context, p = prompt + response, len(prompt)
-        np.testing.assert_allclose(traj.logprobs[:k], logprobs(config, context, p, None, 0, old)[:k],
-                                   atol=TOL, rtol=0)
+        np.testing.assert_allclose(traj.logprobs[:k],
+                                   logprobs(config, context, p, None, 0, old)[:k], atol=TOL, rtol=0)
         if k == len(response):
             continue
         split_any = split_any or k > 0
@@ -177,11 +196,21 @@ def test_rows_started_after_an_update_use_the_staged_prompts_right(model):
                                        atol=TOL, rtol=0)
 
 
-def test_several_updates_and_stale_posts(model):
+@pytest.mark.parametrize("preempting", [False, True])
+def test_several_updates_and_stale_posts(model, preempting):
+    """Recompute: every token's log-prob is its version's over its whole context, also when
+    the pool preempts rows (they are prefilled again under the weights current then: 24 rows
+    growing to 160 tokens outgrow the smallest pool)."""
     _, config, _, weights = model
+    rows, samples, limits, budget = 6, SAMPLES, LIMITS, None
+    if preempting:
+        rows, samples = 24, 8
+        limits = dataclasses.replace(LIMITS, max_response_tokens=60)
+        budget = least_budget_gib(model, rows, limits)
     # Call 2 serves version 1; call 4 is posted a stale version 1 (ignored); call 5 version 2.
     trajs, stats, _ = roll(model, {2: (weights[1], 1), 4: (weights[0], 1), 5: (weights[2], 2)},
-                           "recompute")
+                           "recompute", rows=rows, samples=samples, memory_budget_gib=budget,
+                           limits=limits)
     assert stats.weight_updates == 2
     seen = set()
     for t in trajs:
@@ -246,7 +275,8 @@ def scripted(tokenizer, executor, mode):
     config, params, forward_fn, markers = make_policy(tokenizer, [SCRIPT, THINKER])
     settings = RolloutSettings(num_slots=2, chunk=8, show_tool_time=False, on_weight_update=mode)
     sampler = AgentSampler(config, tokenizer, executor, settings,
-                           RolloutLimits(max_turns=4, max_response_tokens=400, max_prompt_tokens=64),
+                           RolloutLimits(max_turns=4, max_response_tokens=400,
+                                         max_prompt_tokens=64),
                            SamplingParams(temperature=0.0), forward_fn=forward_fn)
     return sampler, params, prompts_for(tokenizer, markers, [0, 1])
 
@@ -279,8 +309,8 @@ def test_a_tool_call_in_flight_across_an_update_runs_once_and_lands(tokenizer, m
     assert executor.submitted == ["print(6*7)"]  # once: not lost, not run again
     for got, want in ((caller, want_caller), (thinker, want_thinker)):
         # The recomputed context holds the tool's tokens: the script goes on as without update.
-        assert (got.response_ids, got.loss_mask, got.logprobs, got.tool_calls, got.finish_reason) \
-            == (want.response_ids, want.loss_mask, want.logprobs, want.tool_calls, want.finish_reason)
+        fields = ("response_ids", "loss_mask", "logprobs", "tool_calls", "finish_reason")
+        assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
     turn_end = caller.turn_spans[0][1]
     # The call's turn was sampled before the update; its result landed after it.
     assert caller.versions == [0] * turn_end + [1] * (len(caller.response_ids) - turn_end)

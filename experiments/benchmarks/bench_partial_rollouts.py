@@ -1,16 +1,16 @@
 """Partial rollouts: rollout tokens/s with weight updates landing during the rollout.
 
-    python experiments/benchmarks/bench_partial_rollouts.py [--updates 0 2 4] [--modes keep recompute]
+    python experiments/benchmarks/bench_partial_rollouts.py [--updates 0 2 4] [--repeats 5]
 
 A tiny random Qwen3 (no checkpoint needed) rolls out questions x samples at temperature 1 with
 `AgentSampler` (one turn, no tool calls: a random policy writes none), and new weights arrive
 ``u`` times per rollout call, at evenly spaced decode calls (the calls a rollout without updates
 makes, split into u + 1 equal parts; the weights alternate between two random inits, so every
-update changes the policy; `updates` is the number taken, a rollout that ends sooner than
-the one without updates takes fewer). ``keep`` continues on the cached prefix; ``recompute`` prefills every
-row's whole context again per update (the `recomputed rows` column counts them). Compilation is
-excluded (``--warmups`` untimed calls per setting); medians over ``--repeats``, the settings
-taking turns within each repeat.
+update changes the policy; `updates` is the number taken: a rollout that ends sooner than the
+one without updates takes fewer). ``keep`` continues on the cached prefix; ``recompute``
+prefills every row's whole context again per update (the `recomputed rows` column counts
+them). Compilation is excluded (``--warmups`` untimed calls per setting); medians over
+``--repeats``, the settings taking turns within each repeat.
 """
 from __future__ import annotations
 
