@@ -122,8 +122,9 @@ class RolloutSettings:
       prefills each row's whole context (prompt and response so far, tool outputs included)
       again under the new weights before its next token (AReaL's choice: every later token is
       exactly the new policy's, at the cost of one prefill of every context in flight per
-      update). Either way, a row the pool preempts is prefilled again under the weights current
-      then. No effect when no weights arrive during a rollout.
+      update; the rows of a prompt's samples no longer share its pages after it, so a tight
+      pool may preempt more). Either way, a row the pool preempts is prefilled again under the
+      weights current then. No effect when no weights arrive during a rollout.
     """
 
     num_slots: int = 64
