@@ -188,3 +188,32 @@ def test_a_resumed_run_samples_its_first_k_steps_with_the_resumed_params(sft_mod
     assert {s: v for s, (v, _) in recorder.rollouts.items()} == {2: 2, 3: 2, 4: 2}
     assert [(r["step"], r["staleness/max"]) for r in read_metrics(d / "resumed")] == [
         (1, 0), (2, 1), (3, 0), (4, 1), (5, 2)]
+
+
+def test_partial_rollouts_take_each_update_and_stay_within_the_bound(sft_model, monkeypatch):
+    # rollout.on_weight_update=keep: the trainer posts every update's weights to the sampler,
+    # so rollouts in flight go on with them; a token is never older than the bound allows and
+    # never newer than the updates done.
+    posted = []
+    post = rl.AgentSampler.update_weights
+
+    def record(sampler, params, version):
+        posted.append(version)
+        post(sampler, params, version)
+
+    monkeypatch.setattr(rl.AgentSampler, "update_weights", record)
+    state = run_rl(_config(sft_model, "partial", 1, STEPS, "rollout.on_weight_update=keep"),
+                   progress=False)
+    assert posted == list(range(1, STEPS))
+    metrics = read_metrics(sft_model / "partial")
+    assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
+    assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in metrics)
+    assert int(state.step) == STEPS
+
+
+def test_finish_refuses_weights_mid_rollout():
+    from rstar2_jax.sampler.rollout import RolloutSettings
+    sampler = object.__new__(rl.AgentSampler)  # the check comes before any engine is needed
+    sampler.settings = RolloutSettings()
+    with pytest.raises(ValueError, match="on_weight_update=finish"):
+        sampler.update_weights({}, 1)

@@ -77,6 +77,24 @@ def test_rl_steps_train_and_resume_exactly(sft_model):
         assert {k: a[k] for k in same} == pytest.approx({k: b[k] for k in same}, rel=1e-5, abs=1e-6)
 
 
+def test_packed_rl_steps_train_as_padded_ones(sft_model):
+    # rl.packed: the same rollouts, metrics and params as padded rows, with the update's
+    # rollout layout at the most rows a step can keep, so its shapes vary with the packed row
+    # count only. One mini-batch: Adam's first steps turn rounding-level gradient differences
+    # in near-zero entries into lr-sized ones, so a second mini-batch's ratios differ at 1e-4
+    # (tests/test_train_rl_update.py compares packed mini- and micro-batches update by update).
+    d = sft_model
+    padded = run_rl(_rl_config(d, "padded_one_mini", 2, "rl.mini_batches=1"), progress=False)
+    packed = run_rl(_rl_config(d, "packed", 2, "rl.mini_batches=1", "rl.packed=true"),
+                    progress=False)
+    for a, b in zip(read_metrics(d / "padded_one_mini"), read_metrics(d / "packed"), strict=True):
+        same = {k for k in a if not k.startswith(("time/", "perf/"))}
+        assert {k: b[k] for k in same} == pytest.approx({k: a[k] for k in same}, rel=1e-5, abs=1e-6)
+        assert a["groups/kept"] >= 1
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=0)
+
+
 # --- the seam: an algorithm written outside the package, passed by value ------------------------
 
 def leave_one_out(kept: Rollouts) -> np.ndarray:

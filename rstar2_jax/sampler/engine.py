@@ -22,7 +22,13 @@ When the pool runs out, the newest rows are *preempted*: their pages go back to 
 their token history stays on the host; they are prefilled again (recomputed) when pages free up.
 The oldest active row can always run (the pool holds at least one full-length row, see
 `rstar2_jax.sampler.memory`), so a batch always finishes. A sequence's tokens do not depend on
-preemption: token n of a row is drawn with `fold_in(key, n)`.
+preemption: token n of a row is drawn with `fold_in(key, n)` (under one set of weights: a row
+preempted after `set_params` is recomputed under the new ones).
+
+New weights (`set_params`) take effect between device calls: rows then either continue on the
+keys and values cached under the earlier weights, or have their caches dropped and their whole
+history prefilled again under the new ones, as after a preemption (and the staged prompts
+prefilled again), before their next token.
 
 Per-row state (history, pages, pending token, budget, key) lives on the host and is passed to
 each call, so moving a row between slots costs nothing. Shapes are static: `num_slots`, `chunk`
@@ -169,7 +175,7 @@ class Engine:
     """Host handle on the rows and the page pool: stages prompts, admits, decodes, resumes.
 
     Args:
-      params, config: the policy (params are read, never copied).
+      params, config: the policy (params are read at each device call, never copied).
       num_slots: rows decoded together (the decode batch).
       num_rows: sequences held at once (default `num_slots`): rows beyond the slots wait for one
         (an agentic row waiting on its tool call needs pages but no slot); each decode call runs
@@ -187,19 +193,21 @@ class Engine:
       stage_rows: prompts that can be staged at once (each is shared by its samples' rows).
       forward_fn: the cached forward, `forward_cached` of the model by default; tests pass a
         scripted policy with the same signature.
+      version: the policy version of ``params`` (`set_params` replaces both).
     """
 
     def __init__(
         self, params, config: ModelConfig, *, num_slots: int, max_len: int, max_prompt_len: int,
         sampling: SamplingParams, stop_tokens, chunk: int = 64, num_rows: int | None = None,
         page_size: int = 32, num_pages: int | None = None, stage_rows: int = STAGE_ROWS,
-        forward_fn=forward_cached,
+        forward_fn=forward_cached, version: int = 0,
     ):
         if not stop_tokens:
             raise ValueError("stop_tokens must name at least one token id")
         if max_prompt_len > max_len:
             raise ValueError(f"max_prompt_len {max_prompt_len} exceeds max_len {max_len}")
         self.params = params
+        self.version = version
         self.config = config
         self.num_slots = num_slots
         self.num_rows = num_rows = num_rows or num_slots
@@ -228,6 +236,8 @@ class Engine:
         self.decode_calls = 0
         self.decode_steps = 0  # model steps run by decode calls (each for all running rows)
         self.preemptions = 0
+        self.recomputed_rows = 0  # row caches dropped by `set_params(recompute=True)`
+        self.staged: list[StagedPrompt] = []  # staged and not yet released: their pages hold KV
         # Pages: reference counts (a staged prompt's full pages are shared by its samples).
         self.refs = np.zeros((num_pages,), np.int64)
         self.free: list[int] = list(range(num_pages - 1, -1, -1))
@@ -278,11 +288,36 @@ class Engine:
                      for s in np.flatnonzero(self.active))
         return len(self.free) - growth
 
-    def _evict(self, row: int) -> None:
+    def _drop_cache(self, row: int) -> None:
+        """Frees the row's pages; its history stays on the host and is prefilled again before
+        its next decode."""
         self._unref(self.tables[row])
         self.tables[row] = []
         self.written[row] = 0
+
+    def _evict(self, row: int) -> None:
+        self._drop_cache(row)
         self.preemptions += 1
+
+    def set_params(self, params, version: int, recompute: bool) -> None:
+        """Serves ``params`` (policy ``version``) from the next device call on.
+
+        With ``recompute``, nothing computed under the earlier params stays in the cache: every
+        row's pages are dropped (its whole history, tool tokens included, is prefilled under
+        ``params`` before its next token; the prompt pages its samples shared become copies of
+        their own) and the staged prompts are prefilled again in place. Otherwise rows continue
+        on the keys and values already cached (only what is written from now on is computed
+        under ``params``).
+        """
+        self.params, self.version = params, version
+        if not recompute:
+            return
+        for row in range(self.num_rows):
+            if self.tables[row]:
+                self._drop_cache(row)
+                self.recomputed_rows += 1
+        # No row refers to a staged prompt's pages any more: they are rewritten in place.
+        self._prefill([(s.pages, 0, s.tokens) for s in self.staged])
 
     # -- device calls -----------------------------------------------------------------------
 
@@ -325,11 +360,13 @@ class Engine:
                   for p in prompts]
         self._prefill([(s.pages, 0, s.tokens) for s in staged])
         self.prompts_prefilled += len(prompts)
+        self.staged += staged
         return staged
 
     def unstage(self, staged: StagedPrompt) -> None:
         self._unref(staged.pages)
         staged.pages = []
+        self.staged = [s for s in self.staged if s is not staged]
 
     def admit(self, rows: list[tuple[StagedPrompt, int, int, np.ndarray]]) -> None:
         """Starts rows from staged prompts.

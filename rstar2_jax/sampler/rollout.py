@@ -22,6 +22,14 @@ the same params, prompts and seed give the same tool outputs too.
 
 Token ids are the record: generated ids are appended as sampled, tool tokens as encoded, and the
 trajectory is never decoded and re-tokenized (text is decoded only to parse a turn).
+
+Partial rollouts: new weights can reach a rollout in flight (`AgentSampler.update_weights`, from
+any thread, e.g. the trainer's). They are taken before the next decode call and every row
+continues under them: on the keys and values already cached under the old weights
+(``rollout.on_weight_update=keep``, PipelineRL's choice) or on its whole context prefilled again
+under the new ones (``recompute``, AReaL's). A row waiting on its tool call keeps waiting; its
+result is appended when it lands, as always. Each token records the policy version that sampled
+it (`Trajectory.versions`) and its log-prob under those weights.
 """
 from __future__ import annotations
 
@@ -42,6 +50,7 @@ from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
 from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
+from rstar2_jax.sampler.weights import WeightUpdates
 from rstar2_jax.sandbox import SandboxConfig, Session, render_result
 from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
 
@@ -106,6 +115,19 @@ class RolloutSettings:
     memory_fraction: see ``memory_budget_gib``.
     page_size: tokens per page of the KV cache's pool; the pool is sized from the memory budget
       (see `rstar2_jax.sampler.memory`).
+    on_weight_update: what rows in flight do when the trainer has new weights during a rollout:
+      "finish" (the default) finishes every rollout on the weights it started with (the RL loop
+      under ``rl.max_staleness`` > 0 posts no weights mid-rollout; a run is reproducible);
+      otherwise the loop posts each update's weights (`AgentSampler.update_weights`) and "keep"
+      continues on the keys and values cached under the
+      old weights (PipelineRL's choice: no extra compute; a token sampled after the update
+      attends to an old-weight prefix, and its log-prob is the one under that mix); "recompute"
+      prefills each row's whole context (prompt and response so far, tool outputs included)
+      again under the new weights before its next token (AReaL's choice: every later token is
+      exactly the new policy's, at the cost of one prefill of every context in flight per
+      update; the rows of a prompt's samples no longer share its pages after it, so a tight
+      pool may preempt more). Either way, a row the pool preempts is prefilled again under the
+      weights current then. Without ``rl.max_staleness`` > 0, no weights arrive during a rollout.
     """
 
     num_slots: int = 64
@@ -123,6 +145,7 @@ class RolloutSettings:
     memory_budget_gib: float | None = None
     memory_fraction: float = 0.9
     page_size: int = 32
+    on_weight_update: str = "finish"
 
     def __post_init__(self):
         _check(self.num_slots >= 1, f"rollout.num_slots must be >= 1, got {self.num_slots}")
@@ -150,6 +173,9 @@ class RolloutSettings:
         _check(0 < self.memory_fraction <= 1,
                f"rollout.memory_fraction must be in (0, 1], got {self.memory_fraction}")
         _check(self.page_size >= 1, f"rollout.page_size must be >= 1, got {self.page_size}")
+        _check(self.on_weight_update in ("finish", "keep", "recompute"),
+               f"rollout.on_weight_update must be finish, keep or recompute, got "
+               f"{self.on_weight_update!r}")
 
     @property
     def rows(self) -> int:
@@ -209,9 +235,9 @@ class Trajectory:
     `finish_reason`: "answer" (final turn has an `<answer>` block), "no_tool_call" (final turn
     has neither an answer nor a tool call), "max_turns", or "budget" (truncated: the token
     budget ran out while generating or a tool response would not fit).
-    `versions`, aligned with `response_ids` when set: the policy version (updates the trainer
-    had applied) that sampled each token, a tool response's tokens carrying its call's; the RL
-    loop stamps it (`rstar2_jax.train.rl`), empty elsewhere.
+    `versions`, aligned with `response_ids`: the policy version of the weights that sampled each
+    model token (the version the rollout started with, unless new weights arrived during it);
+    a tool response's tokens carry the version being served when they were appended.
     """
 
     prompt_index: int
@@ -267,6 +293,7 @@ class RolloutStats:
     tool_calls: int
     decode_steps: int = 0  # model steps the decode calls ran (each for every running row)
     preemptions: int = 0  # rows whose pages were taken back (recomputed later): the pool is tight
+    weight_updates: int = 0  # new weights taken during the rollout
 
     @property
     def tokens_per_s(self) -> float:
@@ -339,8 +366,36 @@ class AgentSampler:
         self.stop_tokens = tuple(sorted(stops))
         self.plan: MemoryPlan | None = None  # made by the first rollout
         self._engine: Engine | None = None  # the latest rollout's (its pool closed)
+        # New weights for the rollout in flight, taken before each decode call.
+        self.weight_updates = WeightUpdates()
 
-    def _open_engine(self, params) -> Engine:
+    def update_weights(self, params, version: int) -> None:
+        """Hands the rollout in flight ``params`` as policy ``version``; safe from any thread.
+
+        They are cast to the serving dtype and served from the next decode call on (a call in
+        progress finishes under the weights it started with), then rows go on as
+        ``settings.on_weight_update`` says. Only the newest of several posts in between is
+        served, and only if newer than the version being served. A post when no rollout is in
+        flight reaches the next rollout's first decode call, unless that one starts with a
+        version at least as new. The caller must not donate or change ``params`` afterwards.
+        Refused (ValueError) under ``on_weight_update="finish"``.
+        """
+        if self.settings.on_weight_update == "finish":
+            raise ValueError("rollout.on_weight_update=finish: rollouts finish on the weights "
+                             "they started with; set keep or recompute to take new weights")
+        self.weight_updates.post(params, version)
+
+    def _take_weight_update(self, engine: Engine) -> bool:
+        """Serves the newest weights posted, if newer than the engine's; returns whether."""
+        update = self.weight_updates.take(newer_than=engine.version)
+        if update is None:
+            return False
+        serving = self.settings.serving_config(self.config)
+        engine.set_params(_cast(update.params, serving.jnp_dtype), update.version,
+                          recompute=self.settings.on_weight_update == "recompute")
+        return True
+
+    def _open_engine(self, params, version: int) -> Engine:
         """An engine serving ``params`` cast to the serving dtype, its page pool sized by the
         memory plan (made on the first call, which stops with a ConfigError if the budget
         cannot hold it). Each rollout call opens its own and closes it at the end, so that the
@@ -363,14 +418,14 @@ class AgentSampler:
             max_len=max_len, max_prompt_len=self.limits.max_prompt_tokens,
             sampling=self.sampling, stop_tokens=self.stop_tokens, chunk=settings.chunk,
             page_size=settings.page_size, num_pages=self.plan.num_pages, stage_rows=STAGE_ROWS,
-            forward_fn=self.forward_fn,
+            forward_fn=self.forward_fn, version=version,
         )
         return self._engine
 
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
                 on_finish: Callable[[Trajectory], None] | None = None, seed: int = 0,
                 first_sequence: int = 0, claim: Callable[[], int | None] | None = None,
-                ) -> tuple[list[Trajectory], RolloutStats]:
+                version: int = 0) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
 
         `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
@@ -384,6 +439,9 @@ class AgentSampler:
         (`PromptFeeder`): `rstar2_jax.hosts.claims` shares a step's prompts among hosts that way.
         A claimed prompt's samples are the ones the whole batch gives it.
 
+        ``params`` are policy ``version``: each token's entry of `Trajectory.versions`. Weights
+        posted with `update_weights` during the call are served from the next decode call on.
+
         Returns the trajectories ordered by (prompt, sample) and timing statistics. Every tool
         session the call opened is closed when it returns or raises.
         """
@@ -391,7 +449,7 @@ class AgentSampler:
             if not 1 <= len(p) <= self.limits.max_prompt_tokens:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens; must be 1..{self.limits.max_prompt_tokens}")
-        engine = self._open_engine(params)
+        engine = self._open_engine(params, version)
         try:
             return self._rollout(engine, prompts, samples_per_prompt, on_finish, seed,
                                  first_sequence, claim)
@@ -406,6 +464,7 @@ class AgentSampler:
         start = time.perf_counter()
         tool_wait = 0.0
         generated = 0
+        updates = 0
         rows: list[_Row | None] = [None] * engine.num_rows
         done: list[Trajectory] = []
         finished: list[Trajectory] = []  # finished in this iteration, not yet reported
@@ -416,6 +475,7 @@ class AgentSampler:
                     rows[i] = _Row(Trajectory(p, s, list(prompts[p])),
                                    sequence=first_sequence + p * samples_per_prompt + s)
                 if engine.active.any():
+                    updates += self._take_weight_update(engine)
                     out = engine.decode(min_stops=1)
                     generated += int(out.count.sum())
                     for i in np.flatnonzero(out.count):
@@ -423,6 +483,7 @@ class AgentSampler:
                         row.traj.response_ids += out.tokens[i, :n].tolist()
                         row.traj.logprobs += out.logprobs[i, :n].tolist()
                         row.traj.loss_mask += [1] * n
+                        row.traj.versions += [engine.version] * n
                         if out.stopped[i] and self._end_turn(row, seed):
                             self._finish(engine, rows, i, finished)
                 elif any(r is not None and r.future is not None for r in rows):
@@ -445,7 +506,8 @@ class AgentSampler:
         stats = RolloutStats(
             wall_s=time.perf_counter() - start, tool_wait_s=tool_wait,
             generated_tokens=generated, tool_calls=sum(t.num_tool_calls for t in done),
-            decode_steps=engine.decode_steps, preemptions=engine.preemptions)
+            decode_steps=engine.decode_steps, preemptions=engine.preemptions,
+            weight_updates=updates)
         return done, stats
 
     @staticmethod
@@ -518,6 +580,7 @@ class AgentSampler:
             traj.response_ids.extend(tool_ids)
             traj.loss_mask.extend([0] * len(tool_ids))
             traj.logprobs.extend([0.0] * len(tool_ids))
+            traj.versions.extend([engine.version] * len(tool_ids))
             row.turn_start = len(traj.response_ids)
             resume[i] = ([pending] + tool_ids[:-1], tool_ids[-1], room)
         engine.resume(resume)

@@ -143,9 +143,7 @@ class RLLoop:
         # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, params, problems, prompts, n, rollout_seed,
-            claim=claims(len(problems)))
-        for t in trajs:
-            t.versions = [version] * len(t.response_ids)
+            claim=claims(len(problems)), version=version)
         trajs, rewards = _all_questions(trajs, rewards, n)
         hosts = gather({
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
@@ -170,9 +168,13 @@ class RLLoop:
             mine = kept.share(share.start * n, share.stop * n)
             block = trajs[share.start * n:share.stop * n]
             most = int(np.bincount(kept.index // len(block)).max())  # kept rows of the fullest host
+            # Packed, the model sees only the packed rows: the rollout layout the loss reads
+            # takes the most rows a host can keep, so the update's shapes vary with the packed
+            # row count alone (with both varying, each pair compiled: 221 programs in the demo).
+            rows = len(block) if rl.packed else bucket(most, minimum=1)
             batch = make_batch(block, mine, pad_id=self.pad_id,
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
-                               rows=bucket(most, minimum=1))
+                               rows=rows)
             check_trained_ids(batch, block, mine, self._encode_tool_response)
         return StepRollouts(step=step, batch=batch, versions=_trained_versions(trajs, kept.index),
                             metrics=metrics)
@@ -373,8 +375,13 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
         for step in range(start, end):
             rollouts, waited = pipe.take(step)
             state, metrics = loop.train(run.state, rollouts)
-            if step + 1 + lag < end:  # step + 1 + k samples with this version
-                pipe.publish(step + 1, copy(state.params))
+            partial = loop.config.rollout.on_weight_update != "finish"
+            if step + 1 + lag < end or (partial and step + 1 < end):
+                served = copy(state.params)
+                if step + 1 + lag < end:  # step + 1 + k samples with this version
+                    pipe.publish(step + 1, served)
+                if partial:  # the rollouts in flight go on with it (partial rollouts)
+                    loop.sampler.update_weights(served, step + 1)
             metrics["time/trainer_wait_s"] = waited
             run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
             if on_step is not None:
