@@ -103,9 +103,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
       - other packed rows, on accelerators and on CPU rows longer than `_WHOLE_ROW` tokens:
         `_packed_attention`, which computes only the key blocks of `_BLOCK` tokens each query
         block needs (its own segments', up to the causal diagonal), with a hand-written
-        backward pass, `_GROUP` (row, block) items at a time on accelerators, one on CPU (the
-        fastest there). On CPU at 2 x 4,096 tokens it is 2-9x faster than scoring whole rows
-        (one sequence per row / 1,000-token ones);
+        backward pass, `_GROUP` (row, block) items at a time on accelerators (not yet measured
+        there), one on CPU (the fastest there with mixed lengths). On CPU at 2 x 4,096 tokens
+        it is 2-3x faster than scoring whole rows with one sequence per row, ~9x with
+        1,000-token sequences;
       - otherwise `_attention`, with a hand-written backward pass; on CPU it scores all queries
         at once (the fastest there), on accelerators a chunk of `_QUERY_CHUNK` queries at a
         time, so that no [B, H, T, S] array of scores exists. Packed rows of at most
