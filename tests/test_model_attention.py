@@ -349,3 +349,100 @@ def test_cudnn_packed_rows_match_the_segment_mask_path():
         g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
         assert np.abs(g - r).max() <= 5e-2 * np.abs(r).max(), name
         assert np.sum(g * r) / (np.linalg.norm(g) * np.linalg.norm(r)) > 0.999, name
+
+
+# Packed layouts for the block-skipping kernel (blocks of 8 tokens): one segment over many
+# blocks and a tail; many tiny segments; empty slots and a padding tail (t no multiple of 8);
+# a row that is all tail.
+BLOCK_LAYOUTS = [
+    (np.array([[45, 0, 0], [3, 40, 0]], np.int32), 50),
+    (np.array([[1, 2, 1, 3, 1, 1, 2, 5, 1, 1, 4, 2], [7, 1, 1, 9, 1, 2, 3, 1, 1, 1, 1, 1]],
+               np.int32), 40),
+    (np.array([[11, 9, 0, 5], [0, 0, 17, 0], [0, 0, 0, 0]], np.int32), 29),
+]
+
+
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("layout", range(len(BLOCK_LAYOUTS)))
+def test_block_skipping_equals_the_segment_mask_in_values_and_gradients(layout, group):
+    """`_packed_attention` (only the key blocks each query block needs) equals scoring whole
+    rows under the segment mask, values and gradients of q, k and v, grouped-query heads."""
+    segment_lengths, t = BLOCK_LAYOUTS[layout]
+    b, h = segment_lengths.shape[0], 4
+    q, k, v = _qkv(b, t, h, 2, 8, seed=layout)
+    segments = transformer.packed_segments(jnp.asarray(segment_lengths), t)
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    q_side = jnp.stack([segments.ids, index], axis=-1)
+    weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
+
+    def masked(q, k, v):
+        return jnp.sum(transformer._attention(q, k, v, q_side, segments.ids, t, HIGHEST) * weights)
+
+    def skipping(q, k, v):
+        out = transformer._packed_attention(q, k, v, segments.ids, segments.bounds, 8, group,
+                                            HIGHEST)
+        return jnp.sum(out * weights)
+
+    value, grads = jax.value_and_grad(skipping, argnums=(0, 1, 2))(q, k, v)
+    ref_value, ref_grads = jax.value_and_grad(masked, argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(value, ref_value, atol=1e-5)
+    for name, g, r in zip("qkv", grads, ref_grads):
+        np.testing.assert_allclose(g, r, atol=1e-6, err_msg=name)
+
+
+def test_block_plan_visits_only_blocks_sharing_a_segment_up_to_the_diagonal():
+    # Row 0: segments [0, 12), [12, 13), [13, 30) and the tail [30, 32) over blocks of 8.
+    # Row 1: one segment [0, 32).
+    segments = transformer.packed_segments(jnp.array([[12, 1, 17], [32, 0, 0]], jnp.int32), 32)
+    per_query, per_key = transformer.packed_block_plan(segments, 32, 8)
+    # Block 2 starts in [13, 30) (first key block 1), block 3 in [13, 30) too.
+    np.testing.assert_array_equal(per_query, [[1, 2, 2, 3], [1, 2, 3, 4]])
+    # Key block 0 is needed by query blocks 0 and 1, key block 1 by 1, 2 and 3.
+    np.testing.assert_array_equal(per_key, [[2, 3, 2, 1], [4, 3, 2, 1]])
+    # Groups of 3 items, longest first (4, 3, 3 | 2, 2, 2 | 1, 1 and a dummy), loop as long
+    # as their first.
+    lengths = np.array([[12, 1, 17], [32, 0, 0]], np.int32)
+    assert transformer.packed_block_visits(lengths, 32, 8, 3) == (3 * (4 + 2 + 1), 3 * (4 + 2 + 1))
+    assert transformer.packed_block_visits(lengths, 32, 8, 1) == (18, 18)
+
+
+def test_block_skipping_program_does_not_grow_with_the_row_length():
+    """Lax loops, not unrolled blocks: the backward pass's program is the same size at 64 and
+    at 512 tokens, and holds one group's scores at most, never a [B, H, T, S] array."""
+    def grad_jaxpr(t):
+        q, k, v = _qkv(2, t, 4, 2, 8)
+        segments = transformer.packed_segments(jnp.array([[t // 2, t // 4]], jnp.int32).repeat(2, 0), t)
+
+        def loss(q, k, v):
+            return transformer._packed_attention(q, k, v, segments.ids, segments.bounds, 16, 2,
+                                                 HIGHEST).sum()
+        return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
+
+    def size(jaxpr):
+        total = len(jaxpr.eqns)
+        for eqn in jaxpr.eqns:
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else [param]:
+                    sub = getattr(sub, "jaxpr", sub)
+                    if hasattr(sub, "eqns"):
+                        total += size(sub)
+        return total
+
+    short, long = grad_jaxpr(64), grad_jaxpr(512)
+    assert size(short) == size(long)
+    assert _largest_float_array(long) < 2 * 4 * 512 * 512
+
+
+def test_attention_skips_blocks_of_long_packed_rows():
+    """`attention` over packed rows longer than `_WHOLE_ROW` runs the block-skipping kernel (on
+    every backend) and equals scoring whole rows under the segment mask."""
+    t = transformer._WHOLE_ROW + 9
+    q, k, v = _qkv(2, t, 2, 1, 4)
+    segments = transformer.packed_segments(jnp.array([[300, 7, 150], [t, 0, 0]], jnp.int32), t)
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (2, t))
+    out = transformer.attention(q, k, v, segments=segments, precision=HIGHEST)
+    ref = transformer._attention(q, k, v, jnp.stack([segments.ids, index], axis=-1), segments.ids,
+                                 t, HIGHEST)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    jaxpr = jax.make_jaxpr(lambda q: transformer.attention(q, k, v, segments=segments))(q).jaxpr
+    assert _largest_float_array(jaxpr) < 2 * 2 * t * t  # no whole row's scores

@@ -21,12 +21,18 @@ Timed steps (without --cost-only) print real tokens/s and, on an accelerator wit
 peak in bench_train_step.py, the useful MFU: useful FLOPs / step time / peak.
 
 Useful FLOPs = 6 x matmul params x real tokens + causal attention within each real sequence
-(bench_train_step's count on the real lengths). XLA's cost analysis is of the step compiled
-here (the CPU path: attention scores whole rows, so packed rows also score across their
-sequences); the attention's part of it is the step's count minus that of the same step with
-attention taken out. The cuDNN path (NVIDIA, bfloat16) scores only within each sequence, and
-XLA:GPU leaves its kernel out of the count: its line is XLA's count without attention plus the
-useful attention (x 4/3 with --remat, which runs the forward twice).
+(bench_train_step's count on the real lengths). Padded rows: XLA's cost analysis of the step
+compiled here (attention scores whole rows, query-chunked on accelerators); the attention's
+part of it is the step's count minus that of the same step with attention taken out. Packed
+rows, XLA path (ROCm, TPU, GPU float32; CPU rows over 512 tokens): the block-skipping kernel
+(`transformer._packed_attention`) runs lax while loops, whose body XLA's cost analysis counts
+once, so its line is XLA's count without attention plus the kernel's work counted on the host
+by the kernel's own plan (`transformer.packed_block_visits`: the block pairs it computes, its
+groups' masked ends included) x FLOPs per block pair (forward: scores and output, 2 matmuls;
+backward: scores recomputed, d_v, d_probs, d_k, d_q, 5 matmuls; the forward twice with
+--remat). The cuDNN path (NVIDIA, bfloat16) scores only within each sequence, and XLA:GPU
+leaves its kernel out of the count: its line is XLA's count without attention plus the useful
+attention (x 4/3 with --remat, which runs the forward twice).
 """
 from __future__ import annotations
 
@@ -114,6 +120,15 @@ def batches(preset: Preset, lengths, starts, budget: int, micro_batches: int, vo
     return padded, packed, packing
 
 
+def block_attention_flops(config, segment_lengths, t: int, group: int, remat: bool) -> tuple[float, int, int]:
+    """(FLOPs, forward block pairs, backward block pairs) of the block-skipping kernel in a
+    train step over packed rows of t tokens (see the module docstring)."""
+    forward, backward = transformer.packed_block_visits(segment_lengths, t, transformer._BLOCK,
+                                                        group)
+    per_matmul = 2 * transformer._BLOCK**2 * config.head_dim * config.num_heads * config.num_layers
+    return (forward * 2 * (2 if remat else 1) + backward * 5) * per_matmul, forward, backward
+
+
 class _NoAttention:
     """While active, the model's attention returns its queries (XLA's count without it)."""
 
@@ -183,16 +198,27 @@ def main():
             state = _abstract_inputs(shallow, optimizer, jnp.dtype(args.params), 1, 2)[0]
             return state, {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
 
-        cost = xla_cost(make_step, config, optimizer, None, 0, 0, abstract)["flops"]
         with _NoAttention():
             without = xla_cost(make_step, config, optimizer, None, 0, 0, abstract)["flops"]
         cudnn = without + useful_attention * remat_factor
         shape = f"{rows} x {row_tokens}" + (f", {packing.segments} segment slots"
                                             if name == "packed" else "")
         print(f"{name}: {shape} = {computed:,} tokens computed, padding {1 - real / computed:.1%}")
-        print(f"  XLA cost (CPU / query-chunked path): {_flop(cost)} = {cost / useful:.2f}x useful; "
-              f"attention {_flop(cost - without)} ({(cost - without) / cost:.0%} of it), the rest "
-              f"{_flop(without)} ({without / dense:.2f}x 6 x params x tokens)")
+        if name == "padded":
+            cost = xla_cost(make_step, config, optimizer, None, 0, 0, abstract)["flops"]
+            path, attention = "XLA cost (whole rows, CPU / query-chunked path)", cost - without
+        else:
+            t = row_tokens - 1  # the model's inputs drop each row's last token
+            attention, forward, backward = block_attention_flops(
+                config, batch["segment_lengths"], t, transformer._GROUP, args.remat)
+            cost = without + attention
+            cpu = block_attention_flops(config, batch["segment_lengths"], t, 1, args.remat)[0]
+            path = (f"XLA path, block skipping ({forward:,} forward / {backward:,} backward "
+                    f"block pairs of {transformer._BLOCK} in groups of {transformer._GROUP}; "
+                    f"CPU, one item a group: {(without + cpu) / useful:.2f}x)")
+        print(f"  {path}: {_flop(cost)} = {cost / useful:.2f}x useful; attention "
+              f"{_flop(attention)} ({attention / cost:.0%} of it), the rest {_flop(without)} "
+              f"({without / dense:.2f}x 6 x params x tokens)")
         print(f"  cuDNN path (attention within sequences): {_flop(cudnn)} = {cudnn / useful:.2f}x "
               f"useful; attention {_flop(useful_attention * remat_factor)} "
               f"({useful_attention * remat_factor / cudnn:.0%})")
