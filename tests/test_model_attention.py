@@ -446,3 +446,45 @@ def test_attention_skips_blocks_of_long_packed_rows():
     np.testing.assert_allclose(out, ref, atol=1e-6)
     jaxpr = jax.make_jaxpr(lambda q: transformer.attention(q, k, v, segments=segments))(q).jaxpr
     assert _largest_float_array(jaxpr) < 2 * 2 * t * t  # no whole row's scores
+
+
+@pytest.mark.parametrize("cudnn", ["right", "raises", "ignores_segments"])
+def test_packed_rows_take_cudnn_only_where_it_agrees_with_the_block_kernel(cudnn, monkeypatch, caplog):
+    """cuDNN's packed attention is checked against the block kernel on its first use (here a
+    stand-in on CPU, traced under jit): one that fails or attends across segments is never
+    used, and a warning says so."""
+    def block_kernel(q, k, v, lengths, segments):
+        return transformer._packed_attention(q, k, v, segments.ids, segments.bounds,
+                                             transformer._BLOCK, 1, None)
+
+    def stand_in(q, k, v, lengths, segments):
+        calls.append(segments is not None)
+        if cudnn == "raises":
+            raise RuntimeError("no such cuDNN kernel")
+        if cudnn == "ignores_segments":
+            return transformer._attention(q, k, v, transformer._causal_mask(
+                q.shape[0], q.shape[1], None), None, q.shape[1], None)
+        return block_kernel(q, k, v, lengths, segments)
+
+    calls = []
+    transformer._cudnn_packed_agrees.cache_clear()
+    monkeypatch.setattr(transformer, "_cudnn_supports", lambda q, packed=False: True)
+    monkeypatch.setattr(transformer, "_cudnn_causal", stand_in)
+    rng = np.random.default_rng(3)
+    t = 600  # past _WHOLE_ROW: without cuDNN, CPU packed rows take the block kernel
+    q = jnp.asarray(rng.standard_normal((1, t, 4, 16)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((1, 2, t, 16)), jnp.bfloat16) for _ in range(2))
+    segments = transformer.packed_segments(jnp.array([[250, 300, 0, 0]], jnp.int32), t)
+    try:
+        with caplog.at_level("WARNING", logger="rstar2_jax.model.transformer"):
+            out = jax.jit(lambda q, k, v: transformer.attention(q, k, v, segments=segments))(q, k, v)
+    finally:
+        transformer._cudnn_packed_agrees.cache_clear()
+    want = block_kernel(q, k, v, None, segments)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32),
+                               atol=2e-2, rtol=0)
+    if cudnn == "right":
+        assert len(calls) == 2 and not caplog.records  # traced by the check, then used
+    else:
+        assert len(calls) == 1  # tried by the check only
+        assert "packed rows use the block kernel" in caplog.text

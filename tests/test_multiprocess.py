@@ -178,11 +178,11 @@ def test_packed_batches_across_two_processes_train_as_one_padded_process(job, re
     d = request.getfixturevalue(f"{job}_setup")
     if job == "sft":
         args, config, run, last_step = _sft_args(d, "two_packed", epochs=1), SFTConfig, run_sft, 2
-        reference = _sft_args(d, "one_padded", epochs=1)[1:]
+        reference = [*_sft_args(d, "one_padded", epochs=1)[1:], "packed=false"]
         packed = "packed=true"
     else:
         args, config, run, last_step = _rl_args(d, "two_packed"), RLJobConfig, run_rl, 2
-        reference = _rl_args(d, "one_padded")[1:]
+        reference = [*_rl_args(d, "one_padded")[1:], "rl.packed=false"]
         packed = "rl.packed=true"
     reference = run(load_config(config, overrides=reference), progress=False)
     results = _finish(_start([*args, packed]))

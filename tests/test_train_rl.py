@@ -84,7 +84,8 @@ def test_packed_rl_steps_train_as_padded_ones(sft_model):
     # in near-zero entries into lr-sized ones, so a second mini-batch's ratios differ at 1e-4
     # (tests/test_train_rl_update.py compares packed mini- and micro-batches update by update).
     d = sft_model
-    padded = run_rl(_rl_config(d, "padded_one_mini", 2, "rl.mini_batches=1"), progress=False)
+    padded = run_rl(_rl_config(d, "padded_one_mini", 2, "rl.mini_batches=1",
+                                "rl.packed=false"), progress=False)
     packed = run_rl(_rl_config(d, "packed", 2, "rl.mini_batches=1", "rl.packed=true"),
                     progress=False)
     for a, b in zip(read_metrics(d / "padded_one_mini"), read_metrics(d / "packed"), strict=True):

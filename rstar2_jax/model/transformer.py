@@ -15,15 +15,19 @@ pad positions are garbage (finite, never NaN).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.extend
 import jax.numpy as jnp
+import numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
 from rstar2_jax.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 # A finite "minus infinity": a query with no visible key (a left pad) then gets a uniform
 # softmax instead of NaN, so its garbage never poisons gradients through masked sums.
@@ -117,7 +121,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
     """
     cpu = jax.default_backend() == "cpu"
     if mask is None:
-        if _cudnn_supports(q, packed=segments is not None):
+        if _cudnn_supports(q, packed=segments is not None) and (
+                segments is None or _cudnn_packed_agrees(q.dtype, q.shape[2], k.shape[1], q.shape[3])):
             return _cudnn_causal(q, k, v, lengths, segments)
         if segments is not None and not (cpu and q.shape[1] <= _WHOLE_ROW):
             return _packed_attention(q, k, v, segments.ids, segments.bounds, _BLOCK,
@@ -161,6 +166,48 @@ def _cudnn_supports(q: jax.Array, packed: bool = False) -> bool:
     if "cuda" not in jax.extend.backend.get_backend().platform_version.lower():
         return False
     return not packed or float(jax.devices()[0].compute_capability) >= 9.0
+
+
+@functools.cache
+def _cudnn_packed_agrees(dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether cuDNN's attention over packed rows gives the block kernel's values and
+    gradients, on this device, for a small packed batch of this layout. Checked once per
+    layout, at the first trace that would use it, because it reaches cuDNN through a private
+    JAX function: if it fails or disagrees, a warning says so and packed rows take the block
+    kernel, never a wrong result."""
+    rng = np.random.default_rng(0)
+    t = 2 * _BLOCK
+    q, k, v, weight = (rng.standard_normal(shape).astype(np.float32) for shape in (
+        (2, t, heads, head_dim), (2, kv_heads, t, head_dim), (2, kv_heads, t, head_dim),
+        (2, t, heads, head_dim)))
+
+    def probe(attend):
+        def loss(q, k, v):
+            out = attend(q.astype(dtype), k.astype(dtype), v.astype(dtype))
+            return jnp.sum(out.astype(jnp.float32) * weight), out
+        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+        return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+    # Evaluated now, also when `attention` is being traced under jit.
+    with jax.ensure_compile_time_eval():
+        segments = packed_segments(jnp.array([[100, 60, 1, 0], [t - 31, 0, 0, 0]], jnp.int32), t)
+        want = probe(lambda q, k, v: _packed_attention(q, k, v, segments.ids, segments.bounds,
+                                                       _BLOCK, _GROUP, None))
+        try:
+            got = probe(lambda q, k, v: _cudnn_causal(q, k, v, None, segments))
+        except Exception as e:  # noqa: BLE001 -- any failure means: do not use it
+            log.warning("cuDNN attention over packed rows failed (%s: %s); packed rows use the "
+                         "block kernel", type(e).__name__, e)
+            return False
+    # A 16-bit dtype's rounding is ~1e-2 of unit-sized values; attention across segments or
+    # past the diagonal is off by the size of the values themselves.
+    worst = max(float(np.max(np.abs(g - w)) / (np.max(np.abs(w)) + 1e-6)) for g, w in zip(got, want))
+    if worst > 0.05:
+        log.warning("cuDNN attention over packed rows disagrees with the block kernel (%.3g of "
+                     "the largest value, output or gradient); packed rows use the block kernel",
+                     worst)
+        return False
+    return True
 
 
 def _cudnn_causal(q, k, v, lengths, segments=None):

@@ -97,7 +97,7 @@ class DemoConfig:
     sft_digit_loss_weight: float = 5.0
     sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=3e-3, schedule="constant", warmup_steps=10, weight_decay=0.0))
-    sft_packed: bool = False
+    sft_packed: bool = True
     # Sampled at the evaluation temperature, not the paper's 1.0: at 1.0 the tiny model miscopies
     # so many digits that few groups hold a right answer, and RL gains nothing in 12 steps.
     # 32 questions a step: with 16, RoC kept 1-7 groups a step and a weak SFT policy drifted.

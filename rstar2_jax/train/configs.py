@@ -145,12 +145,12 @@ class SFTConfig:
 
     The paper's non-reasoning SFT: 3 epochs, lr 5e-6, 4% warmup, cosine decay, batch 128.
     ``batch_size`` and ``micro_batch_size`` count sequences of ``seq_len`` tokens; longer
-    conversations are rejected, not silently truncated. ``packed`` packs each batch's
-    conversations into rows of at most ``seq_len`` tokens, each attending only to itself
-    (`rstar2_jax.train.packing`): the same loss and gradients as one conversation per row,
-    padded to ``seq_len`` (the default), for the tokens of the conversations rather than of the
-    padding. Off by default: packed batches take many shapes, each compiled on first use
-    (docs/benchmarks.md, "Packed update batches"). ``digit_loss_weight`` weighs the
+    conversations are rejected, not silently truncated. ``packed`` (the default) packs each
+    batch's conversations into rows of ``seq_len`` tokens, each attending only to itself
+    (`rstar2_jax.train.packing`): the same loss and gradients as one conversation per row
+    padded to ``seq_len`` (``packed=false``), for the tokens of the conversations rather than of
+    the padding; the update compiles once per packed row count it meets (docs/benchmarks.md,
+    "Packed update batches"). ``digit_loss_weight`` weighs the
     target tokens that are digits in the (then weighted) token mean: a small model trained from
     scratch learns to copy numbers far later than everything else (docs/toy.md), and a larger
     weight on digits brings that forward. 1.0 (the paper's plain token mean) by default.
@@ -165,7 +165,7 @@ class SFTConfig:
     epochs: int = 3
     seed: int = 0
     remat: bool = False
-    packed: bool = False
+    packed: bool = True
     digit_loss_weight: float = 1.0
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     optimizer: OptimizerConfig = field(
@@ -194,11 +194,11 @@ class RLConfig:
     advantages and defines the loss: a name of ``rstar2_jax.algorithms.ALGORITHMS`` or an import
     path ``package.module:object``. The kept rollouts are split into ``mini_batches`` optimizer
     updates, each accumulated over micro-batches of ``micro_batch_size`` rows (rollouts).
-    ``packed`` packs the rollouts of each update into rows of up to the prompt + response
-    budget, each attending only to itself (`rstar2_jax.train.packing`): the same loss, metrics
-    and gradients as one rollout per row padded to the budget (the default), for the tokens of
-    the rollouts rather than of the padding. Off by default: packed batches take many shapes,
-    each compiled on first use (docs/benchmarks.md, "Packed update batches").
+    ``packed`` (the default) packs the rollouts of each update into rows of the prompt +
+    response budget, each attending only to itself (`rstar2_jax.train.packing`): the same loss,
+    metrics and gradients as one rollout per row padded to the budget (``packed=false``), for
+    the tokens of the rollouts rather than of the padding; the update compiles once per packed
+    row count it meets (docs/benchmarks.md, "Packed update batches").
 
     ``rollout_correction`` corrects the update of any algorithm for the gap between the
     sampler's log-probs and the trainer's (importance weights, masking; off by default:
@@ -235,7 +235,7 @@ class RLConfig:
     micro_batch_size: int | None = None
     logprob_chunk: int = 256  # sequence positions per chunk of the [batch, chunk, vocab] logits
     remat: bool = False
-    packed: bool = False
+    packed: bool = True
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     first_step_gap_limit: float | None = 0.05
     entropy_coef: float = 0.0

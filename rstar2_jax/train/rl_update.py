@@ -21,7 +21,7 @@ forward, with its gradient; ``ref_logp`` from step (1). With one mini-batch (the
 released recipe) the ratio is 1 and nothing is clipped; with more, later mini-batches see a
 moved policy and clipping starts to act.
 
-Packed (``rl.packed``, off by default): the rows go to the model packed, several rollouts per row
+Packed (``rl.packed``, the default): the rows go to the model packed, several rollouts per row
 (`rstar2_jax.train.packing`), and the per-token log-probs (and entropies) come back gathered
 into the layout above, one rollout per row, which is what the rollout correction, the metrics
 and the loss see: each of them is the same function of the same arrays as unpacked. Each mini-
