@@ -80,14 +80,15 @@ def test_rl_steps_train_and_resume_exactly(sft_model):
 def test_packed_rl_steps_train_as_padded_ones(sft_model):
     # rl.packed: the same rollouts, metrics and params as padded rows, with the update's
     # rollout layout at the most rows a step can keep, so its shapes vary with the packed row
-    # count only. One mini-batch: Adam's first steps turn rounding-level gradient differences
-    # in near-zero entries into lr-sized ones, so a second mini-batch's ratios differ at 1e-4
-    # (tests/test_train_rl_update.py compares packed mini- and micro-batches update by update).
+    # count only. Adam divides each gradient entry by its own size, so rounding-level
+    # differences in near-zero entries become lr-sized updates (1e-4 here) with the default
+    # eps of 1e-8; an eps of 1e-4 keeps such entries' updates proportional to them. One
+    # mini-batch, for the same reason (tests/test_train_rl_update.py compares packed mini- and
+    # micro-batches update by update).
     d = sft_model
-    padded = run_rl(_rl_config(d, "padded_one_mini", 2, "rl.mini_batches=1",
-                                "rl.packed=false"), progress=False)
-    packed = run_rl(_rl_config(d, "packed", 2, "rl.mini_batches=1", "rl.packed=true"),
-                    progress=False)
+    same = ("rl.mini_batches=1", "optimizer.eps=1e-4")
+    padded = run_rl(_rl_config(d, "padded_one_mini", 2, *same, "rl.packed=false"), progress=False)
+    packed = run_rl(_rl_config(d, "packed", 2, *same, "rl.packed=true"), progress=False)
     for a, b in zip(read_metrics(d / "padded_one_mini"), read_metrics(d / "packed"), strict=True):
         same = {k for k in a if not k.startswith(("time/", "perf/"))}
         assert {k: b[k] for k in same} == pytest.approx({k: a[k] for k in same}, rel=1e-5, abs=1e-6)
