@@ -459,15 +459,22 @@ def _block_mask(q_ids, k_ids, q_block, k_block, block):
     return (q_ids[:, :, None] == k_ids[:, None, :]) & (q_pos[:, :, None] >= k_pos[:, None, :])
 
 
+def _packed_blocks(q, k, v, ids, block):
+    """The block views both passes of `_packed_attention` read: grouped queries [B * n, K, G,
+    C, D], keys and values [B * n, K, C, D], and the queries' and keys' segment ids [B * n, C]
+    (tokens past T: -1 on the query side, -2 on the key side, so no pad query sees a key)."""
+    qb = _blocks(_grouped(q, k.shape[1]), 3, block, 0)
+    kb, vb = (_blocks(x, 2, block, 0) for x in (k, v))
+    return qb, kb, vb, _blocks(ids, 1, block, -1), _blocks(ids, 1, block, -2)
+
+
 def _packed_fwd(q, k, v, ids, bounds, block, group, precision):
     b, t, h, d = q.shape
     kv_heads = k.shape[1]
     n = -(-t // block)
     per_query, _ = packed_block_plan(Segments(ids, None, bounds), t, block)
     items, counts, place = _schedule(per_query, group)
-    qb = _blocks(_grouped(q, kv_heads), 3, block, 0)  # [B * n, K, G, C, D]
-    kb, vb = (_blocks(x, 2, block, 0) for x in (k, v))  # [B * n, K, C, D]
-    q_ids, k_ids = _blocks(ids, 1, block, -1), _blocks(ids, 1, block, -2)  # [B * n, C]
+    qb, kb, vb, q_ids, k_ids = _packed_blocks(q, k, v, ids, block)
     scale = d**-0.5
 
     def one_group(_, a):
@@ -515,10 +522,8 @@ def _packed_bwd(block, group, precision, res, d_out):
     n = -(-t // block)
     _, per_key = packed_block_plan(Segments(ids, None, bounds), t, block)
     items, counts, place = _schedule(per_key, group)
-    qb = _blocks(_grouped(q, kv_heads), 3, block, 0)  # [B * n, K, G, C, D]
+    qb, kb, vb, q_ids, k_ids = _packed_blocks(q, k, v, ids, block)
     d_out_b = _blocks(_grouped(d_out, kv_heads), 3, block, 0)
-    kb, vb = (_blocks(x, 2, block, 0) for x in (k, v))  # [B * n, K, C, D]
-    q_ids, k_ids = _blocks(ids, 1, block, -1), _blocks(ids, 1, block, -2)
     # sum_s probs * d_probs = sum_d out * d_out: the softmax backward needs no pass over keys.
     row_dot = jnp.sum(out * d_out_b.astype(jnp.float32), axis=-1, keepdims=True)
     scale = d**-0.5
