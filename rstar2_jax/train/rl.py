@@ -366,6 +366,7 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
     """
     start, end = run.step, run.end_step
     copy = _serving_copy(loop.config.rollout.serving_config(run.compute_config).jnp_dtype)
+    partial = loop.config.rollout.on_weight_update != "finish"  # partial rollouts
     pipe = _Pipeline()
     pipe.publish(start, copy(run.state.params))
     sampler = threading.Thread(target=_sample, args=(loop, pipe, run.rng, start, end, lag),
@@ -375,12 +376,13 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
         for step in range(start, end):
             rollouts, waited = pipe.take(step)
             state, metrics = loop.train(run.state, rollouts)
-            partial = loop.config.rollout.on_weight_update != "finish"
-            if step + 1 + lag < end or (partial and step + 1 < end):
+            publish = step + 1 + lag < end  # step + 1 + k samples with this version
+            post = partial and step + 1 < end  # the rollouts in flight go on with it
+            if publish or post:
                 served = copy(state.params)
-                if step + 1 + lag < end:  # step + 1 + k samples with this version
+                if publish:
                     pipe.publish(step + 1, served)
-                if partial:  # the rollouts in flight go on with it (partial rollouts)
+                if post:
                     loop.sampler.update_weights(served, step + 1)
             metrics["time/trainer_wait_s"] = waited
             run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
