@@ -21,13 +21,15 @@ __all__ = ["ConfigError", "config_from_dict", "config_to_dict", "config_to_yaml"
 T = TypeVar("T")
 
 
-def load_config(schema: type[T] | T, path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Builds ``schema`` from its defaults, then the YAML file at ``path``, then ``overrides``.
+def load_config(schema: type[T] | T, path: str | Path | Sequence[str | Path] | None = None,
+                overrides: Sequence[str] = ()) -> T:
+    """Builds ``schema`` from its defaults, then the YAML file(s) at ``path``, then ``overrides``.
 
     Args:
       schema: a (frozen) dataclass type, or an instance of one (a preset) whose values take the
         place of the defaults.
-      path: optional YAML file whose keys mirror the dataclass fields (nested as mappings).
+      path: optional YAML file whose keys mirror the dataclass fields (nested as mappings), or
+        a sequence of them applied in order (a later file's values win).
       overrides: ``"a.b=value"`` strings applied last, in order.
 
     Raises:
@@ -39,10 +41,10 @@ def load_config(schema: type[T] | T, path: str | Path | None = None, overrides: 
             raise ConfigError(f"override {item!r} is not of the form key=value")
     layers = [OmegaConf.structured(schema)]
     try:
-        if path is not None:
-            if not Path(path).is_file():
-                raise ConfigError(f"config file {str(path)!r} does not exist")
-            layers.append(OmegaConf.load(path))
+        for file in _files(path):
+            if not Path(file).is_file():
+                raise ConfigError(f"config file {str(file)!r} does not exist")
+            layers.append(OmegaConf.load(file))
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(*layers)
         missing = sorted(OmegaConf.missing_keys(merged))
@@ -76,11 +78,16 @@ def config_to_yaml(config: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
-def _source(path: str | Path | None) -> str:
-    return f" in {str(path)!r}" if path is not None else ""
+def _files(path: str | Path | Sequence[str | Path] | None) -> list[str | Path]:
+    return [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
 
 
-def _describe(error: OmegaConfBaseException, path: str | Path | None) -> str:
+def _source(path: str | Path | Sequence[str | Path] | None) -> str:
+    files = _files(path)
+    return " in " + " or ".join(repr(str(file)) for file in files) if files else ""
+
+
+def _describe(error: OmegaConfBaseException, path: str | Path | Sequence[str | Path] | None) -> str:
     # OmegaConf messages carry the dotted key on a separate "full_key:" line; lead with it.
     key = getattr(error, "full_key", None)
     first_line = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -1,5 +1,5 @@
-"""Work split across JAX processes (hosts): which questions each host samples, what the hosts
-tell each other, and the params a host's sampler reads.
+"""Work split across JAX processes (hosts): which questions each host samples and what the hosts
+tell each other (the params a host's sampler reads: `rstar2_jax.roles`).
 
 An RL step's or an evaluation's questions are a shared queue (`claims`): each host takes the
 next question as a row of its engine frees up, so a host whose questions finish early takes more
@@ -11,22 +11,29 @@ indexed by a rollout's position in the whole step (`AgentSampler.rollout`'s
 depends neither on the process count nor on which host took which question.
 
 The hosts then exchange what they sampled (`gather_questions`: an RL step's trajectories, in
-question order; `gather`: small arrays; `gather_objects`: an evaluation's per-sample records). A
-host that finished early waits in that exchange, a blocking collective rather than a busy loop;
-if another host died, the distributed runtime's heartbeat timeout stops it
-(`rstar2_jax.distributed`).
+question order; `gather`: small arrays; `gather_objects`: an evaluation's per-sample records).
+Exchanges go through the key-value store of JAX's distributed runtime, not through device
+collectives: they touch no device, so a sampler thread can exchange while the trainer's
+collectives run on the training devices (`rl.max_staleness` > 0 across processes). Each
+exchange belongs to a *channel* ("rollout": the sampler's side; "train": the trainer's), and the
+k-th exchange of a channel on one process pairs with the k-th of that channel on every other
+process, whichever thread makes it. A host that finished early waits in the exchange (a
+blocking read, not a busy loop); if another host died, the distributed runtime's heartbeat
+timeout stops it (`rstar2_jax.distributed`).
 
 On one process every function here is the identity (or the whole range, in order).
 """
 from __future__ import annotations
 
+import collections
+import io
 import itertools
 import json
+import threading
 from typing import Callable
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from rstar2_jax.sampler.feeder import in_order
 
@@ -41,14 +48,38 @@ def share(count: int) -> slice:
     return slice(start, start + base + (index < extra))
 
 
-_queues = itertools.count()  # the queues this process has made: the next one's name
+# The k-th call of a kind on a channel pairs up with every other process's k-th: each process
+# makes the same sequence of them per channel, as collectives pair up.
+_counts: dict[str, itertools.count] = collections.defaultdict(itertools.count)
+_counts_lock = threading.Lock()
+
+# A process waits this long for another's part of an exchange before it gives up; a dead process
+# is caught sooner, by the distributed runtime's heartbeats. A host that drew short questions
+# waits for the others' rollouts here, so this bounds a step's spread, not a message's delay.
+EXCHANGE_TIMEOUT_S = 24 * 3600
+# Values are stored in pieces of at most this size (the runtime's gRPC messages stay small).
+_PIECE_BYTES = 32 << 20
 
 
-def claims(count: int) -> Callable[[], int | None]:
+def _name(kind: str, channel: str) -> tuple[str, int]:
+    with _counts_lock:
+        number = next(_counts[f"{kind}/{channel}"])
+    return f"rstar2_jax/{kind}/{channel}/{number}", number
+
+
+def _client():
+    # The runtime's client is not public API in JAX 0.10.2 (orbax and JAX's own checkpointing
+    # use it the same way).
+    from jax._src.distributed import global_state
+
+    return global_state.client
+
+
+def claims(count: int, channel: str = "rollout") -> Callable[[], int | None]:
     """A queue of ``count`` items shared by the run's processes: each call hands this process
     the next item no process has taken, ``0 .. count - 1`` in turn, then None. Every process
-    makes the same sequence of queues (the k-th `claims` call of each process shares the k-th
-    queue, as collectives pair up). On one process: the items in order.
+    makes the same sequence of queues on a channel (the k-th `claims` call of each process
+    shares the k-th queue). On one process: the items in order.
 
     The queue is a counter in the key-value store of JAX's distributed runtime (process 0's
     coordination service), taken with an atomic increment: one round trip, about 0.35 ms on
@@ -56,11 +87,7 @@ def claims(count: int) -> Callable[[], int | None]:
     """
     if jax.process_count() == 1:
         return in_order(count)
-    # The runtime's client is not public API in JAX 0.10.2 (orbax and JAX's own checkpointing
-    # use it the same way).
-    from jax._src.distributed import global_state
-
-    client, key = global_state.client, f"rstar2_jax/claims/{next(_queues)}"
+    client, (key, _) = _client(), _name("claims", channel)
 
     def claim() -> int | None:
         taken = client.key_value_increment(key, 1) - 1  # the counter's value after this claim
@@ -69,11 +96,41 @@ def claims(count: int) -> Callable[[], int | None]:
     return claim
 
 
-def gather_questions(count: int, mine: dict[int, object]) -> list:
+def exchange(data: bytes, channel: str = "rollout") -> list[bytes]:
+    """Every process's ``data``, in process order (``[data]`` on one process), through the
+    key-value store of JAX's distributed runtime. Raises TimeoutError when a process has not
+    sent its part within `EXCHANGE_TIMEOUT_S`."""
+    if jax.process_count() == 1:
+        return [data]
+    client, (prefix, number) = _client(), _name("exchange", channel)
+    me = jax.process_index()
+    pieces = [data[i:i + _PIECE_BYTES] for i in range(0, len(data), _PIECE_BYTES)] or [b""]
+    for i, piece in enumerate(pieces):
+        client.key_value_set_bytes(f"{prefix}/{me}/{i}", piece)
+    client.key_value_set(f"{prefix}/{me}/pieces", str(len(pieces)))  # last: the part is whole
+    parts, wait_ms = [], EXCHANGE_TIMEOUT_S * 1000
+    for process in range(jax.process_count()):
+        try:
+            count = int(client.blocking_key_value_get(f"{prefix}/{process}/pieces", wait_ms))
+        except Exception as e:  # the runtime raises its own error type for a deadline
+            if "DEADLINE_EXCEEDED" not in str(e):
+                raise
+            raise TimeoutError(f"process {process} sent nothing to exchange {prefix} in "
+                               f"{EXCHANGE_TIMEOUT_S} s") from e
+        parts.append(b"".join(client.blocking_key_value_get_bytes(f"{prefix}/{process}/{i}", wait_ms)
+                              for i in range(count)))
+    # Every process had read this channel's exchange number - 2 before it sent its part of
+    # number - 1, which this one has now read: nobody reads those keys again.
+    if number >= 2:
+        client.key_value_delete(f"{prefix.rsplit('/', 1)[0]}/{number - 2}/{me}")
+    return parts
+
+
+def gather_questions(count: int, mine: dict[int, object], channel: str = "rollout") -> list:
     """Every process's JSON-serialisable values of the questions it ran (``mine``: question
     index -> value), in question order ``0 .. count - 1``. Raises RuntimeError unless the
     processes ran every question exactly once between them."""
-    ran = [pair for values in gather_objects(sorted(mine.items())) for pair in values]
+    ran = [pair for values in gather_objects(sorted(mine.items()), channel) for pair in values]
     questions = sorted(q for q, _ in ran)
     if questions != list(range(count)):
         raise RuntimeError(f"the processes ran questions {questions} between them, not each of "
@@ -81,31 +138,23 @@ def gather_questions(count: int, mine: dict[int, object]) -> list:
     return [value for _, value in sorted(ran, key=lambda pair: pair[0])]
 
 
-def gather(tree):
-    """Every process's host arrays (the same structure and shapes on each), concatenated on
-    their first axis in process order."""
+def gather(tree, channel: str = "rollout"):
+    """Every process's host arrays (the same structure on each, shapes equal but for the first
+    axis), concatenated on their first axis in process order."""
     if jax.process_count() == 1:
         return tree
-    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+    leaves, structure = jax.tree.flatten(tree)
+    buffer = io.BytesIO()
+    np.savez(buffer, *[np.asarray(x) for x in leaves])
+    parts = []
+    for data in exchange(buffer.getvalue(), channel):
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            parts.append([arrays[f"arr_{i}"] for i in range(len(leaves))])
+    return jax.tree.unflatten(structure, [np.concatenate(xs) for xs in zip(*parts)])
 
 
-def gather_objects(value) -> list:
+def gather_objects(value, channel: str = "rollout") -> list:
     """Every process's JSON-serialisable ``value``, in process order."""
     if jax.process_count() == 1:
         return [value]
-    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-    sizes = gather(np.array([data.size]))
-    padded = np.zeros((int(sizes.max()),), np.uint8)
-    padded[:data.size] = data
-    rows = np.asarray(multihost_utils.process_allgather(padded, tiled=False))
-    return [json.loads(row[:size].tobytes()) for row, size in zip(rows, sizes)]
-
-
-def serving_params(params):
-    """The params this process's sampler reads: the trainer's own on one process; a full copy
-    on this host's first device when the trainer's are split across processes (a sampler on
-    one host cannot read another host's shards)."""
-    if jax.process_count() == 1:
-        return params
-    full = multihost_utils.process_allgather(params, tiled=True)
-    return jax.device_put(full, jax.local_devices()[0])
+    return [json.loads(data) for data in exchange(json.dumps(value).encode(), channel)]

@@ -31,6 +31,20 @@ def test_yaml_then_overrides_in_order(tmp_path):
         cfg.rl.group_size = 3  # type: ignore[misc]
 
 
+def test_several_yaml_files_apply_in_order(tmp_path):
+    first, second = tmp_path / "env.yaml", tmp_path / "arms.yaml"
+    first.write_text("optimizer:\n  lr: 3.0e-6\nrl:\n  group_size: 8\n")
+    second.write_text("rl:\n  group_size: 4\n  max_staleness: 2\n")
+    cfg = load_config(RLJobConfig, [first, second], REQUIRED_RL)
+    assert (cfg.optimizer.lr, cfg.rl.group_size, cfg.rl.max_staleness) == (3e-6, 4, 2)
+    assert load_config(RLJobConfig, [second, first], REQUIRED_RL).rl.group_size == 8
+    second.write_text("rl:\n  clip_low: 0.1\n")
+    with pytest.raises(ConfigError, match=r"rl\.clip_low.*arms\.yaml"):
+        load_config(RLJobConfig, [first, second], REQUIRED_RL)
+    with pytest.raises(ConfigError, match="nowhere.yaml.*does not exist"):
+        load_config(RLJobConfig, [first, tmp_path / "nowhere.yaml"], REQUIRED_RL)
+
+
 @pytest.mark.parametrize("override, named", [
     ("optimizer.lrr=1e-5", "optimizer.lrr"),
     ("rl.mini_batches=two", "rl.mini_batches"),

@@ -234,6 +234,32 @@ def test_a_host_dying_after_its_claim_stops_the_other_with_a_message():
     assert "another task died" in err, err[-3000:]
 
 
+def test_exchanges_pair_by_channel_and_weights_reach_each_hosts_rollout_device():
+    # Two processes of 2 CPU devices, one training and one rollout device each
+    # (tests/hosts_worker.py): a sampler thread's and a trainer's exchanges, made in opposite
+    # orders, pair up by channel; the trainer's params, sharded over both processes, arrive
+    # whole on each host's own rollout device in the serving dtype.
+    address = f"127.0.0.1:{free_port()}"
+    worker = os.path.join(os.path.dirname(__file__), "hosts_worker.py")
+    children = [subprocess.Popen(
+        [sys.executable, worker], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                 JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
+                 JAX_PROCESS_ID=str(index)))
+        for index in range(2)]
+    outs = [c.communicate(timeout=600) for c in children]
+    assert [c.returncode for c in children] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    seen = [json.loads(out.splitlines()[-1]) for out, _ in outs]
+    # Round r of a channel: process 0 sent one row of 10r, process 1 two rows of 10r + 1.
+    rounds = [[[10 * r] * 2, [10 * r + 1] * 2, [10 * r + 1] * 2] for r in range(3)]
+    for s in seen:
+        assert s["seen"] == {"rollout": rounds, "train": rounds}
+        assert s["left"] == ["1", "2"]  # round 0 deleted once every process had read it
+        assert s["train_sharded"] and s["same"] and s["dtypes"] == ["bfloat16"]
+        assert s["devices"] == s["rollout"] and len(s["rollout"]) == 1
+    assert seen[0]["rollout"] != seen[1]["rollout"]
+
+
 def test_launcher_runs_n_processes_and_stops_them_on_failure(capfd):
     # The toy demo does not run across processes yet: both processes join the run, then stop
     # with a message, and the launcher reports the failure.

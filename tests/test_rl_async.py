@@ -12,6 +12,7 @@ import pytest
 from rl_setup import rl_overrides, write_rl_setup
 from rstar2_jax.config import load_config
 from rstar2_jax.errors import ConfigError
+from rstar2_jax.model import load_hf
 from rstar2_jax.train import rl
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
@@ -172,10 +173,63 @@ def test_a_failing_trainer_stops_the_sampler(sft_model, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
 
 
-def test_staleness_is_refused_on_several_processes(sft_model, monkeypatch):
+def test_staleness_on_several_processes_needs_rollout_devices(sft_model, monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(ConfigError, match="rl.max_staleness=1 runs on one process only"):
+    with pytest.raises(ConfigError, match="rl.max_staleness=1 on several processes needs "
+                                          "mesh.rollout_devices > 0"):
         run_rl(_config(sft_model, "processes", 1), progress=False)
+
+
+def _devices(tree) -> list[int]:
+    return sorted({d.id for x in jax.tree.leaves(tree) for d in x.devices()})
+
+
+@pytest.fixture
+def sampled_on(monkeypatch):
+    """The devices of the params each step's rollouts are sampled with, in step order."""
+    seen = {}
+    rollout = RLLoop.rollout
+
+    def spy(loop, params, step, rng, version):
+        seen[step] = _devices(params)
+        return rollout(loop, params, step, rng, version)
+
+    monkeypatch.setattr(RLLoop, "rollout", spy)
+    return seen
+
+
+def test_a_rollout_device_moves_the_sampler_and_changes_nothing_else(sft_model, sampled_on):
+    # One training and one rollout device run the programs one device runs, on two: the run
+    # is the one that shares a device, bit for bit, and each side stayed on its own device.
+    d, last = sft_model, len(jax.devices()) - 1
+    shared = run_rl(_config(d, "k1_shared", 1, 3), progress=False)
+    on_shared = dict(sampled_on)
+    split = run_rl(_config(d, "k1_split", 1, 3, "mesh.rollout_devices=1"), progress=False)
+    assert on_shared == {s: [0] for s in range(3)} and sampled_on == {s: [last] for s in range(3)}
+    assert _devices(shared.params) == _devices(split.params) == [0]
+    assert _same_params(shared.params, split.params)
+    for a, b in zip(read_metrics(d / "k1_shared"), read_metrics(d / "k1_split"), strict=True):
+        exact = {k for k in a if not k.startswith(("time/", "perf/", "logprob_mismatch/"))}
+        assert {k: a[k] for k in exact} == {k: b[k] for k in exact}
+        assert b["time/weight_copy_s"] >= 0
+    assert all(r["groups/kept"] >= 1 for r in read_metrics(d / "k1_split"))
+
+
+def test_a_tensor_parallel_rollout_mesh_serves_a_synchronous_run(sft_model, sampled_on):
+    # Four rollout devices beside four training ones (fsdp 4): every step samples with a fresh
+    # copy on the rollout devices alone, and the run trains.
+    d, devices = sft_model, len(jax.devices())
+    config = load_config(RLJobConfig, overrides=rl_overrides(
+        d, "tp_rollout", 2, "mesh.fsdp=4", "mesh.rollout_devices=4"))
+    state = run_rl(config, progress=False)
+    assert sampled_on == {s: list(range(devices - 4, devices)) for s in range(2)}
+    assert _devices(state.params) == list(range(devices - 4))
+    _, initial = load_hf(d / "sft_model")
+    assert not _same_params(initial, state.params)
+    metrics = read_metrics(d / "tp_rollout")
+    assert [r["step"] for r in metrics] == [1, 2]
+    assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 and r["time/weight_copy_s"] > 0
+               for r in metrics)
 
 
 def test_a_resumed_run_samples_its_first_k_steps_with_the_resumed_params(sft_model, monkeypatch):

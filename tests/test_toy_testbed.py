@@ -35,6 +35,7 @@ Config = testbed.TestbedConfig  # imported under another name: pytest collects T
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SESSIONS_CONFIG = Path(__file__).parents[1] / "experiments" / "toy" / "testbed_sessions.yaml"
+STALENESS_CONFIG = SESSIONS_CONFIG.with_name("testbed_staleness.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -282,11 +283,13 @@ def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
     cfg = load_config(Config, overrides=[
         f"out={tmp_path}", "seeds=[3,4]", "arms.dr.algorithm=dr_grpo", "arms.dr.oversample=1",
         "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.rl_steps=5",
-        "arms.tis.rollout_correction.weights=token", "arms.tis.rollout_correction.weight_cap=3"])
+        "arms.tis.rollout_correction.weights=token", "arms.tis.rollout_correction.weight_cap=3",
+        "arms.tis.max_staleness=2"])
     assert list(cfg.arms) == ["grpo_roc", "grpo_tool", "grpo_2g", "dr", "mine", "tis"]
     correction = cfg.arm_config(3, "tis").rl.rollout_correction
     assert (correction.weights, correction.weight_cap) == ("token", 3.0)
     assert cfg.arm_config(3, "dr").rl.rollout_correction.weights == "none"
+    assert (cfg.arm_config(3, "tis").rl.max_staleness, cfg.arm_config(3, "dr").rl.max_staleness) == (2, 0)
     assert cfg.arm_config(4, "dr").rl.rollouts_per_question == cfg.demo.rl.group_size
     assert cfg.arm_config(4, "grpo_2g").rl.rollouts_per_question == 2 * cfg.demo.rl.group_size
     assert cfg.arm_config(4, "mine").out == os.path.join(str(tmp_path), "seed4")
@@ -296,18 +299,40 @@ def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
         Config(arms={"../x": Arm()})
     with pytest.raises(ValueError, match="seeds"):
         Config(seeds=[1, 1])
+    with pytest.raises(ValueError, match="max_staleness"):
+        Arm(max_staleness=-1)
+
+
+def _script():
+    """experiments/toy/testbed.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("testbed_script", SESSIONS_CONFIG.with_name("testbed.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
 
 
 def test_the_script_takes_overrides_after_only(tmp_path):
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "experiments" / "toy" / "testbed.py"
-    spec = importlib.util.spec_from_file_location("testbed_script", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script()
     for argv in (["--only", "grpo_roc,grpo_2g", f"out={tmp_path}", "seeds=[4]"],
                  [f"out={tmp_path}", "--only", "grpo_roc,grpo_2g", "seeds=[4]"]):
         cfg = script.parse(argv)
         assert (cfg.out, cfg.seeds, list(cfg.arms)) == (str(tmp_path), [4], ["grpo_roc", "grpo_2g"])
     with pytest.raises(SystemExit):
         script.parse(["--only", "nope", f"out={tmp_path}"])
+
+
+def test_the_staleness_arms_join_either_environments_grid():
+    """experiments/toy/testbed_staleness.yaml adds GRPO-RoC at k = 0, 1, 2, 4 without and with
+    token TIS to the grid of the environment named before it, its SFT policies and its out."""
+    only = "grpo_roc,k0_tis,k1,k1_tis,k2,k2_tis,k4,k4_tis"
+    for files, out in (([STALENESS_CONFIG], Config().out),
+                       ([SESSIONS_CONFIG, STALENESS_CONFIG], "runs/testbed_sessions")):
+        cfg = _script().parse([arg for f in files for arg in ("--config", str(f))] + ["--only", only])
+        assert cfg.out == out and cfg.demo == load_config(Config, files[:-1] or None).demo
+        runs = {name: cfg.arm_config(0, name).rl for name in only.split(",")}
+        assert {name: (rl.algorithm, rl.rollouts_per_question, rl.max_staleness,
+                       rl.rollout_correction.weights) for name, rl in runs.items()} == {
+            name: ("grpo_roc", 2 * cfg.demo.rl.group_size, int(name[1]) if name[0] == "k" else 0,
+                   "token" if name.endswith("_tis") else "none") for name in runs}

@@ -6,8 +6,11 @@
     python experiments/toy/testbed.py arms.dr_grpo.algorithm=dr_grpo          # add an arm
     python experiments/toy/testbed.py arms.mine.algorithm=my_module:MINE arms.mine.oversample=1
     python experiments/toy/testbed.py --config experiments/toy/testbed_sessions.yaml  # session environment
+    python experiments/toy/testbed.py --config experiments/toy/testbed_staleness.yaml --only k0,k1   # async RL
 
-``--config FILE``: a YAML file of settings, applied before the overrides. Any field of
+``--config FILE``: a YAML file of settings, applied before the overrides; given several times,
+the files apply in order (``--config testbed_sessions.yaml --config testbed_staleness.yaml``:
+the staleness arms on the session environment, a later file's values winning). Any field of
 ``rstar2_jax.toy.testbed.TestbedConfig`` (``demo.*``: the main job's settings).
 ``--only a,b`` runs and summarises only those arms; their results are the full grid's, which a
 later run without ``--only`` reads back. Re-running with the same ``out`` reads finished runs
@@ -24,7 +27,9 @@ def parse(argv: list[str] | None = None) -> TestbedConfig:
     """The grid the command line asks for; options and overrides may come in any order."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated arm names to run and summarise")
-    parser.add_argument("--config", help="YAML file of TestbedConfig settings, applied before the overrides")
+    parser.add_argument("--config", action="append",
+                        help="YAML file of TestbedConfig settings, applied before the overrides "
+                             "(several: in order)")
     parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig")
     # Intermixed: `--only a,b out=X` gives the overrides after the option too.
     args = parser.parse_intermixed_args(argv)

@@ -22,7 +22,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated arm names")
     parser.add_argument("--metrics", default=",".join(DEFAULT_METRICS), help="comma-separated metric names")
-    parser.add_argument("--config", help="YAML file of TestbedConfig settings, as for testbed.py")
+    parser.add_argument("--config", action="append",
+                        help="YAML file of TestbedConfig settings, as for testbed.py (several: in order)")
     parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig, as for testbed.py")
     args = parser.parse_args()
     cfg = load_config(TestbedConfig, args.config, args.overrides)

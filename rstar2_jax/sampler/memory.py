@@ -168,12 +168,15 @@ def plan_memory(config: ModelConfig, params, *, num_slots: int, num_rows: int, m
                       per_slot, prefill, budget)
 
 
-def device_budget(budget_gib: float | None, fraction: float) -> int | None:
-    """Bytes the rollout engine may use: ``budget_gib`` when set; else ``fraction`` of the
-    first local device's free memory on a backend that reports it (GPU, TPU); else None."""
+def device_budget(budget_gib: float | None, fraction: float, params) -> int | None:
+    """Bytes the rollout engine may use: ``budget_gib`` when set; else ``fraction`` of the free
+    memory of the device that holds the first of the served ``params`` (a rollout device, when
+    the run keeps some) on a backend that reports it (GPU, TPU); else None."""
     if budget_gib is not None:
         return int(budget_gib * GIB)
-    stats = jax.local_devices()[0].memory_stats()
+    placed = [x for x in jax.tree.leaves(params) if isinstance(x, jax.Array)]
+    device = min(placed[0].devices(), key=lambda d: d.id) if placed else jax.local_devices()[0]
+    stats = device.memory_stats()
     if not stats or "bytes_limit" not in stats:
         return None
     return int(fraction * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)))

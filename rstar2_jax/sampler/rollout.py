@@ -409,7 +409,7 @@ class AgentSampler:
                 serving, params, num_slots=settings.num_slots, num_rows=settings.rows,
                 max_len=max_len, max_prompt_len=self.limits.max_prompt_tokens,
                 stage_rows=STAGE_ROWS, page_size=settings.page_size,
-                budget=device_budget(settings.memory_budget_gib, settings.memory_fraction))
+                budget=device_budget(settings.memory_budget_gib, settings.memory_fraction, params))
             log.info("%s", plan.summary())
             check_plan(plan)
             self.plan = plan

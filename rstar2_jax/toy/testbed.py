@@ -72,16 +72,22 @@ class Arm:
       label: the legend and table label (default: the arm's name).
       rollout_correction: the arm's ``rl.rollout_correction`` (off by default), e.g.
         ``arms.tis.rollout_correction.weights=token``.
+      max_staleness: the arm's ``rl.max_staleness`` (0, synchronous, by default): its
+        rollouts come from the policy that many updates back (docs/algorithms.md,
+        "Asynchronous RL").
     """
 
     algorithm: str = "grpo_roc"
     oversample: int = 2
     label: str = ""
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    max_staleness: int = 0
 
     def __post_init__(self):
         if self.oversample < 1:
             raise ValueError(f"oversample must be >= 1, got {self.oversample}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         resolve_algorithm(self.algorithm)  # a ValueError naming it, before anything runs
 
 
@@ -159,12 +165,13 @@ class TestbedConfig:
         return dataclasses.replace(self.demo, out=str(Path(self.out) / f"seed{seed}"), seed=seed)
 
     def arm_config(self, seed: int, name: str) -> DemoConfig:
-        """``seed_config(seed)`` with arm ``name``'s algorithm, rollouts per question and rollout
-        correction."""
+        """``seed_config(seed)`` with arm ``name``'s algorithm, rollouts per question, rollout
+        correction and staleness."""
         arm, base = self.arms[name], self.seed_config(seed)
         rl = dataclasses.replace(base.rl, algorithm=arm.algorithm,
                                  rollouts_per_question=arm.oversample * base.rl.group_size,
-                                 rollout_correction=arm.rollout_correction)
+                                 rollout_correction=arm.rollout_correction,
+                                 max_staleness=arm.max_staleness)
         return dataclasses.replace(base, rl=rl)
 
     def label(self, name: str) -> str:

@@ -50,14 +50,23 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh ("fsdp", "tp"); ``fsdp=None`` uses every device not used by tp."""
+    """Device mesh ("fsdp", "tp"); ``fsdp=None`` uses every training device not used by tp.
+
+    ``rollout_devices`` (RL only): each process's last that many local devices serve its
+    sampler instead of training, so that rollouts and updates run at once on disjoint devices
+    under ``rl.max_staleness`` > 0 (`rstar2_jax.roles`); the mesh spans the other devices.
+    0, the default: every device trains and the sampler serves on the trainer's devices.
+    """
 
     fsdp: int | None = None
     tp: int = 1
+    rollout_devices: int = 0
 
     def __post_init__(self):
         _check(self.tp >= 1, f"mesh.tp must be >= 1, got {self.tp}")
         _check(self.fsdp is None or self.fsdp >= 1, f"mesh.fsdp must be >= 1, got {self.fsdp}")
+        _check(self.rollout_devices >= 0,
+               f"mesh.rollout_devices must be >= 0, got {self.rollout_devices}")
 
 
 @dataclass(frozen=True)
@@ -182,6 +191,9 @@ class SFTConfig:
         _check(self.micro_batch_size is None
                or (self.micro_batch_size >= 1 and self.batch_size % self.micro_batch_size == 0),
                f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
+        _check(self.mesh.rollout_devices == 0,
+               f"mesh.rollout_devices={self.mesh.rollout_devices} keeps devices for a sampler, "
+               "and SFT has none: every device trains")
 
 
 @dataclass(frozen=True)

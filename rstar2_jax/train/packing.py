@@ -138,7 +138,7 @@ def pack_across_processes(lengths: Sequence[int], shapes: PackShapes, groups: in
     packing = pack(lengths, shapes, groups)
     if jax.process_count() == 1:
         return packing
-    rows = int(hosts.gather(np.array([len(packing.rows)])).max())
+    rows = int(hosts.gather(np.array([len(packing.rows)]), channel="train").max())
     return dataclasses.replace(packing, rows=packing.rows + ((),) * (rows - len(packing.rows)))
 
 

@@ -14,13 +14,15 @@ One RL step, for `questions_per_step` questions (docs/algorithms.md):
 The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
 one passed to `run_rl`.
 
-Synchronous (``rl.max_staleness=0``, the default): the sampler reads the trainer's params
-directly, same process, no weight copy, and each step's rollouts come from the params it
-trains. Asynchronous (k > 0, one process): a sampler thread rolls out step s with the policy
-after update max(start, s - k), from its own copy in the serving dtype, while the trainer
-updates on earlier steps (`_pipelined`; docs/algorithms.md "Asynchronous RL"). Across several
-processes the hosts take the step's questions from a shared queue as their engines free rows,
-roll them out with their own tool and verifier pools, exchange the trajectories, and each trains
+Synchronous (``rl.max_staleness=0``, the default): each step's rollouts come from the params it
+trains; on one process without rollout devices the sampler reads the trainer's params directly,
+no weight copy. Asynchronous (k > 0): a sampler thread rolls out step s with the policy after
+update max(start, s - k), from its own copy in the serving dtype, while the trainer updates on
+earlier steps (`_pipelined`; docs/algorithms.md "Asynchronous RL"); with
+``mesh.rollout_devices`` the two sides run on disjoint devices and the copy goes device to
+device (`rstar2_jax.roles`). Across several processes the hosts take the step's questions from
+a shared queue as their engines free rows, roll them out with their own tool and verifier pools,
+exchange the trajectories through the distributed runtime's key-value store, and each trains
 on the rollouts of its block of the step's questions (`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one (at k = 0: under k > 0 the rollouts in flight are not saved,
@@ -43,9 +45,10 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.hosts import claims, gather, gather_questions, serving_params, share as host_share
+from rstar2_jax.hosts import claims, gather, gather_questions, share as host_share
 from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
+from rstar2_jax.roles import ServingCopy, rollout_mesh
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, SamplingParams, Trajectory
 from rstar2_jax.sampler.engine import bucket
@@ -116,6 +119,7 @@ class RLLoop:
     verifier: VerifierPool
     update: RLUpdate
     pad_id: int
+    copy: ServingCopy  # the trainer's params -> the sampler's
     checked_mismatch: bool = False  # the first update of this process's run checks the gap
 
     def step(self, state: TrainState, step: int, rng: jax.Array) -> tuple[TrainState, dict]:
@@ -123,11 +127,15 @@ class RLLoop:
         the update. The trainer idles while the sampler runs and the sampler while the update
         runs: ``time/trainer_wait_s`` and ``time/sampler_wait_s`` say how long."""
         start = time.perf_counter()
-        rollouts = self.rollout(serving_params(state.params), step, rng, version=step)
-        sampling_s = time.perf_counter() - start
+        params = state.params if self.copy.rollout is None else self.copy(state.params)
+        copied = time.perf_counter()
+        rollouts = self.rollout(params, step, rng, version=step)
+        del params
+        sampling_s = time.perf_counter() - copied
         state, metrics = self.train(state, rollouts)
         return state, metrics | {"time/trainer_wait_s": sampling_s,
-                                 "time/sampler_wait_s": metrics["time/update_s"]}
+                                 "time/sampler_wait_s": metrics["time/update_s"],
+                                 "time/weight_copy_s": copied - start}
 
     def rollout(self, params, step: int, rng: jax.Array, version: int) -> StepRollouts:
         """The sampler's side of step ``step``: its rollouts by ``params`` (policy ``version``,
@@ -286,11 +294,11 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
     after each step is logged. Returns the final state.
     """
-    if config.rl.max_staleness and jax.process_count() > 1:
-        raise ConfigError(f"rl.max_staleness={config.rl.max_staleness} runs on one process only "
-                          f"(this run has {jax.process_count()}): the sampler thread of several "
-                          "processes would need its own collectives (docs/algorithms.md, "
-                          "\"Asynchronous RL\")")
+    if config.rl.max_staleness and jax.process_count() > 1 and not config.mesh.rollout_devices:
+        raise ConfigError(f"rl.max_staleness={config.rl.max_staleness} on several processes needs "
+                          "mesh.rollout_devices > 0: each host's sampler runs on devices of its "
+                          "own while the trainer's collectives run on the others "
+                          "(docs/algorithms.md, \"Asynchronous RL\")")
     if config.rl.questions_per_step % jax.process_count():
         raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} does not split "
                           f"evenly over the run's {jax.process_count()} processes")
@@ -330,7 +338,9 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                             param_specs=run.param_specs, params=run.state.params,
                             loss=algorithm.loss,
                             reference=reference_params(config, run) if config.rl.reference else None),
-            pad_id=tokenizer.pad_token_id or 0)
+            pad_id=tokenizer.pad_token_id or 0,
+            copy=ServingCopy(run.model_config, run.mesh, rollout_mesh(config.mesh.rollout_devices),
+                             config.rollout.serving_config(run.compute_config).jnp_dtype))
         if config.rl.max_staleness:
             _pipelined(loop, run, on_step, lag=config.rl.max_staleness)
         else:
@@ -356,19 +366,19 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
     run starts or resumes at) while this thread trains on earlier steps' rollouts.
 
     The bound holds by construction: the trainer publishes a copy of each version a later
-    step samples with, in the serving dtype (the train step donates its own params), and the
-    sampler waits for it, so it is at most k steps ahead and holds at most k + 1 versions; the
-    trainer waits for each step's rollouts. Each side's waits are its step's
+    step samples with, in the serving dtype, on the sampler's devices (`RLLoop.copy`; the train
+    step donates its own params), and the sampler waits for it, so it is at most k steps ahead
+    and holds at most k + 1 versions; the trainer waits for each step's rollouts. The copy's
+    time is the step's ``time/weight_copy_s``. Each side's waits are its step's
     ``time/trainer_wait_s`` / ``time/sampler_wait_s``. An exception on either side ends the
     run: the sampler's is raised here once the steps it finished are trained, with a note
     saying where it came from; the trainer's stops the sampler at its next wait (after the
     rollout it is in).
     """
     start, end = run.step, run.end_step
-    copy = _serving_copy(loop.config.rollout.serving_config(run.compute_config).jnp_dtype)
     partial = loop.config.rollout.on_weight_update != "finish"  # partial rollouts
     pipe = _Pipeline()
-    pipe.publish(start, copy(run.state.params))
+    pipe.publish(start, loop.copy(run.state.params))
     sampler = threading.Thread(target=_sample, args=(loop, pipe, run.rng, start, end, lag),
                                name="rl-sampler", daemon=True)
     sampler.start()
@@ -378,12 +388,14 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
             state, metrics = loop.train(run.state, rollouts)
             publish = step + 1 + lag < end  # step + 1 + k samples with this version
             post = partial and step + 1 < end  # the rollouts in flight go on with it
+            copied = time.perf_counter()
             if publish or post:
-                served = copy(state.params)
+                served = loop.copy(state.params)
                 if publish:
                     pipe.publish(step + 1, served)
                 if post:
                     loop.sampler.update_weights(served, step + 1)
+            metrics["time/weight_copy_s"] = time.perf_counter() - copied
             metrics["time/trainer_wait_s"] = waited
             run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
             if on_step is not None:
@@ -426,8 +438,8 @@ class _Pipeline:
         self._stopped = False
 
     def publish(self, version: int, params) -> None:
-        """Trainer: ``params`` are policy ``version`` (a copy the trainer will not donate)."""
-        jax.block_until_ready(params)  # copied before the next update donates the source
+        """Trainer: ``params`` are policy ``version`` (a copy, ready, that the trainer will not
+        donate)."""
         with self._changed:
             self._params[version] = params
             self._changed.notify_all()
@@ -474,14 +486,3 @@ class _Pipeline:
             self._stopped = True
             self._params.clear()
             self._changed.notify_all()
-
-
-def _serving_copy(dtype):
-    """Jitted ``params -> copy`` with floating arrays in ``dtype``, laid out as given: a version
-    the sampler holds while the trainer's own params are donated to the next update."""
-    def copy(params):
-        return jax.tree.map(
-            lambda x: jnp.copy(x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x),
-            params)
-
-    return jax.jit(copy)

@@ -24,6 +24,7 @@ import optax
 
 from rstar2_jax.config import config_to_dict
 from rstar2_jax.model import ModelConfig, load_hf
+from rstar2_jax.roles import split_devices
 from rstar2_jax.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import (
@@ -92,7 +93,8 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
               checkpoint: CheckpointConfig = CheckpointConfig(), init_from: str | None = None,
               reset_optimizer: bool = False, precision: PrecisionConfig = PrecisionConfig(),
               progress: bool = True) -> Run:
-    """Builds the mesh, the sharded train state and the logger, resuming when possible.
+    """Builds the mesh (over the devices ``mesh.rollout_devices`` leaves to training), the
+    sharded train state and the logger, resuming when possible.
 
     Args:
       total_steps: steps this run performs (the stage length), counted from its starting step.
@@ -102,7 +104,7 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     """
     run_dir = Path(run_dir)
     job_dict = config_to_dict(job_config)
-    mesh_ = make_mesh(mesh.fsdp, mesh.tp)
+    mesh_ = make_mesh(mesh.fsdp, mesh.tp, devices=split_devices(mesh.rollout_devices)[0])
     model_config, params = load_hf(model.path, dtype=precision.params)
     specs = param_specs(model_config, mesh_)
     opt = make_optimizer(optimizer, total_steps)
