@@ -203,6 +203,31 @@ def test_packed_batches_across_two_processes_train_as_one_padded_process(job, re
         assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 for r in one)  # both steps trained
 
 
+@pytest.mark.slow
+def test_asynchronous_rl_across_two_processes_matches_one_process(rl_setup):
+    # rl.max_staleness=1 with one rollout device per host: each host's sampler thread rolls out
+    # on its own device, from the copy the trainers' all-gather put there, and exchanges through
+    # the key-value store while the trainers' collectives run. The run equals one process's with
+    # the same training mesh (fsdp 2) and a rollout device of its own.
+    d = rl_setup
+    extra = ["mesh.tp=1", "mesh.rollout_devices=1", "rl.max_staleness=1"]
+    reference = run_rl(load_config(RLJobConfig, overrides=[*_rl_args(d, "async_one", 3)[1:], *extra]),
+                       progress=False)
+    results = _finish(_start([*_rl_args(d, "async_two", 3), *extra]))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    one, two = read_metrics(d / "async_one"), read_metrics(d / "async_two")
+    assert [(r["step"], r["staleness/max"]) for r in two] == [(1, 0), (2, 1), (3, 1)]
+    for a, b in zip(_comparable(one), _comparable(two), strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    assert all(r["groups/kept"] >= 1 and r["tokens"] > 0 for r in one)
+    checkpoints = Checkpointer(d / "async_two" / "checkpoints")
+    restored = checkpoints.restore(3, reference)
+    checkpoints.close()
+    for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(restored.state.params),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=0)
+
+
 def _start_claims_worker(*args):
     """The 2 processes of tests/claims_worker.py, 1 CPU device each."""
     address = f"127.0.0.1:{free_port()}"

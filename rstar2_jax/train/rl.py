@@ -352,11 +352,23 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
 
 def _synchronous(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | None) -> None:
     """Runs the run's remaining steps one after the other (``rl.max_staleness=0``)."""
+    since = time.perf_counter()
     for step in range(run.step, run.end_step):
         state, metrics = loop.step(run.state, step, run.rng)
-        run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
-        if on_step is not None:
-            on_step(run.step, metrics)
+        since = _log_step(run, state, metrics, on_step, since)
+
+
+def _log_step(run: Run, state: TrainState, metrics: dict, on_step: Callable[[int, dict], None] | None,
+              since: float) -> float:
+    """Logs and checkpoints the step ``state`` ends, with ``time/step_s``: the wall time since
+    ``since``, the previous step's logging (so a run's step times add up to its wall time).
+    Returns the time this step was logged."""
+    now = time.perf_counter()
+    metrics["time/step_s"] = now - since
+    run.finish_step(state, metrics, rng=run.rng, data_position={"step": int(state.step)})
+    if on_step is not None:
+        on_step(run.step, metrics)
+    return now
 
 
 def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | None, *,
@@ -375,7 +387,7 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
     saying where it came from; the trainer's stops the sampler at its next wait (after the
     rollout it is in).
     """
-    start, end = run.step, run.end_step
+    start, end, since = run.step, run.end_step, time.perf_counter()
     partial = loop.config.rollout.on_weight_update != "finish"  # partial rollouts
     pipe = _Pipeline()
     pipe.publish(start, loop.copy(run.state.params))
@@ -397,9 +409,7 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
                     loop.sampler.update_weights(served, step + 1)
             metrics["time/weight_copy_s"] = time.perf_counter() - copied
             metrics["time/trainer_wait_s"] = waited
-            run.finish_step(state, metrics, rng=run.rng, data_position={"step": step + 1})
-            if on_step is not None:
-                on_step(run.step, metrics)
+            since = _log_step(run, state, metrics, on_step, since)
     finally:
         pipe.close()
         sampler.join()
