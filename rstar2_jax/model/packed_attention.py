@@ -151,7 +151,7 @@ def _packed_fwd(q, k, v, ids, bounds, block, group, precision):
     b, t, h, d = q.shape
     kv_heads = k.shape[1]
     n = -(-t // block)
-    per_query, _ = packed_block_plan(Segments(ids, None, bounds), t, block)
+    per_query, per_key = packed_block_plan(Segments(ids, None, bounds), t, block)
     items, counts, place = _schedule(per_query, group)
     qb, kb, vb, q_ids, k_ids = _packed_blocks(q, k, v, ids, block)
     scale = d**-0.5
@@ -191,15 +191,14 @@ def _packed_fwd(q, k, v, ids, bounds, block, group, precision):
     merged = out.reshape(b, n, *out.shape[1:])
     merged = jnp.moveaxis(merged, 1, 3).reshape(b, kv_heads, h // kv_heads, n * block, d)
     return (_ungrouped(merged[:, :, :, :t].astype(v.dtype)),
-            (q, k, v, ids, bounds, out, row_max, row_sum))
+            (q, k, v, ids, per_key, out, row_max, row_sum))
 
 
 def _packed_bwd(block, group, precision, res, d_out):
-    q, k, v, ids, bounds, out, row_max, row_sum = res
+    q, k, v, ids, per_key, out, row_max, row_sum = res
     b, t, h, d = q.shape
     kv_heads = k.shape[1]
     n = -(-t // block)
-    _, per_key = packed_block_plan(Segments(ids, None, bounds), t, block)
     items, counts, place = _schedule(per_key, group)
     qb, kb, vb, q_ids, k_ids = _packed_blocks(q, k, v, ids, block)
     d_out_b = _blocks(_grouped(d_out, kv_heads), 3, block, 0)
@@ -254,11 +253,11 @@ def _packed_attention(q, k, v, ids, bounds, block, group, precision):
     """Causal attention over packed rows (q [B, T, H, D], k/v [B, K, T, D]; `Segments`' ids
     [B, T] and bounds) that computes only the key blocks each query block needs
     (`packed_block_plan`), FlashAttention-2 style: per query block an online softmax over its
-    key blocks; the backward pass, per key block over the query blocks that need it,
-    recomputes the probabilities from the kept row max and sum. Blocks are `block` tokens;
-    `group` (row, block) items run together, ordered by their number of blocks so that a
-    group's items loop about as long as each other. Loops are lax loops: the program does not
-    grow with T."""
+    key blocks; the backward pass, per key block over the query blocks that need it (the
+    forward pass keeps that half of the plan), recomputes the probabilities from the kept row
+    max and sum. Blocks are `block` tokens; `group` (row, block) items run together, ordered by
+    their number of blocks so that a group's items loop about as long as each other. Loops are
+    lax loops: the program does not grow with T."""
     return _packed_fwd(q, k, v, ids, bounds, block, group, precision)[0]
 
 
