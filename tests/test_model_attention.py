@@ -25,6 +25,17 @@ def _qkv(b, t, h, kv, d, dtype=jnp.float32, seed=0):
     return q, k, v
 
 
+def _packed_qkv(segment_lengths, t, h, kv, d, dtype=jnp.float32, seed=0):
+    """`_qkv` over packed rows of t tokens, with the rows' `Segments` and the query side of
+    their segment mask for `_attention` (each query's segment and index; the key side is
+    segments.ids)."""
+    segments = packed_attention.packed_segments(jnp.asarray(segment_lengths), t)
+    b = segments.ids.shape[0]
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    q_side = jnp.stack([segments.ids, index], axis=-1)
+    return (*_qkv(b, t, h, kv, d, dtype, seed), segments, q_side)
+
+
 def _weighted_sum(out, real):
     """A loss that weighs every real output element differently (pads get no gradient)."""
     w = jnp.sin(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))
@@ -141,11 +152,8 @@ def test_packed_segments_positions_restart_at_zero():
 def test_packed_rows_equal_their_sequences_one_per_row(chunk):
     """Attention over packed rows, values and gradients, equals each sequence's own causal
     attention."""
-    b, t, h = 2, 29, 4
-    q, k, v = _qkv(b, t, h, 2, 8)
-    segments = packed_attention.packed_segments(jnp.asarray(PACKED), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    q_side = jnp.stack([segments.ids, index], axis=-1)
+    t = 29
+    q, k, v, segments, q_side = _packed_qkv(PACKED, t, 4, 2, 8)
     weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
 
     def packed(q, k, v):
@@ -169,10 +177,7 @@ def test_packed_rows_equal_their_sequences_one_per_row(chunk):
 
 def test_packed_query_chunks_hold_neither_all_scores_nor_a_full_mask():
     b, t, h, chunk = 2, 64, 2, 16
-    q, k, v = _qkv(b, t, h, 1, 2)
-    segments = packed_attention.packed_segments(jnp.array([[20, 30], [64, 0]], jnp.int32), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    q_side = jnp.stack([segments.ids, index], axis=-1)
+    q, k, v, segments, q_side = _packed_qkv([[20, 30], [64, 0]], t, h, 1, 2)
     loss = lambda q, k, v: transformer._attention(q, k, v, q_side, segments.ids, chunk, HIGHEST).sum()  # noqa: E731
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
     assert _largest_array(jaxpr) == b * h * chunk * t < b * t * t  # one chunk's scores
@@ -321,17 +326,15 @@ def test_cudnn_packed_rows_match_the_segment_mask_path():
     a train step's seq - 1 has): `attention` runs cuDNN's packed kernel with no boolean mask,
     and its output and gradients equal the query-chunked path's under the segment mask."""
     b, t, h, kv, d = 2, 511, 16, 8, 128
-    q, k, v = _qkv(b, t, h, kv, d, jnp.bfloat16)
-    segments = packed_attention.packed_segments(jnp.array([[200, 0, 150, 100], [511, 0, 0, 0]], jnp.int32), t)
+    q, k, v, segments, q_side = _packed_qkv([[200, 0, 150, 100], [511, 0, 0, 0]], t, h, kv, d,
+                                            jnp.bfloat16)
     real = jnp.ones((b, t), bool)
 
     def ours(q, k, v):
         return transformer.attention(q, k, v, segments=segments)
 
     def chunked(q, k, v):
-        index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        return transformer._attention(q, k, v, jnp.stack([segments.ids, index], -1), segments.ids,
-                                      128, None)
+        return transformer._attention(q, k, v, q_side, segments.ids, 128, None)
 
     grad_fn = jax.jit(jax.grad(lambda *a: _weighted_sum(ours(*a), real), argnums=(0, 1, 2)))
     hlo = grad_fn.lower(q, k, v).compile().as_text().lower()
@@ -368,11 +371,7 @@ def test_block_skipping_equals_the_segment_mask_in_values_and_gradients(layout, 
     """`_packed_attention` (only the key blocks each query block needs) equals scoring whole
     rows under the segment mask, values and gradients of q, k and v, grouped-query heads."""
     segment_lengths, t = BLOCK_LAYOUTS[layout]
-    b, h = segment_lengths.shape[0], 4
-    q, k, v = _qkv(b, t, h, 2, 8, seed=layout)
-    segments = packed_attention.packed_segments(jnp.asarray(segment_lengths), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    q_side = jnp.stack([segments.ids, index], axis=-1)
+    q, k, v, segments, q_side = _packed_qkv(segment_lengths, t, 4, 2, 8, seed=layout)
     weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
 
     def masked(q, k, v):
@@ -411,8 +410,7 @@ def test_block_skipping_program_does_not_grow_with_the_row_length():
     """Lax loops, not unrolled blocks: the backward pass's program is the same size at 64 and
     at 512 tokens, and holds one group's scores at most, never a [B, H, T, S] array."""
     def grad_jaxpr(t):
-        q, k, v = _qkv(2, t, 4, 2, 8)
-        segments = packed_attention.packed_segments(jnp.array([[t // 2, t // 4]], jnp.int32).repeat(2, 0), t)
+        q, k, v, segments, _ = _packed_qkv([[t // 2, t // 4]] * 2, t, 4, 2, 8)
 
         def loss(q, k, v):
             return packed_attention._packed_attention(q, k, v, segments.ids, segments.bounds,
@@ -438,12 +436,9 @@ def test_attention_skips_blocks_of_long_packed_rows():
     """`attention` over packed rows longer than `_WHOLE_ROW` runs the block-skipping kernel (on
     every backend) and equals scoring whole rows under the segment mask."""
     t = transformer._WHOLE_ROW + 9
-    q, k, v = _qkv(2, t, 2, 1, 4)
-    segments = packed_attention.packed_segments(jnp.array([[300, 7, 150], [t, 0, 0]], jnp.int32), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (2, t))
+    q, k, v, segments, q_side = _packed_qkv([[300, 7, 150], [t, 0, 0]], t, 2, 1, 4)
     out = transformer.attention(q, k, v, segments=segments, precision=HIGHEST)
-    ref = transformer._attention(q, k, v, jnp.stack([segments.ids, index], axis=-1), segments.ids,
-                                 t, HIGHEST)
+    ref = transformer._attention(q, k, v, q_side, segments.ids, t, HIGHEST)
     np.testing.assert_allclose(out, ref, atol=1e-6)
     jaxpr = jax.make_jaxpr(lambda q: transformer.attention(q, k, v, segments=segments))(q).jaxpr
     assert _largest_float_array(jaxpr) < 2 * 2 * t * t  # no whole row's scores
