@@ -12,7 +12,7 @@ import pytest
 
 from helpers_hf import tiny_random_model
 from rstar2_jax.model import forward, token_logprobs
-from rstar2_jax.model import transformer
+from rstar2_jax.model import packed_attention, transformer
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -23,6 +23,17 @@ def _qkv(b, t, h, kv, d, dtype=jnp.float32, seed=0):
     k = jax.random.normal(keys[1], (b, kv, t, d), dtype)
     v = jax.random.normal(keys[2], (b, kv, t, d), dtype)
     return q, k, v
+
+
+def _packed_qkv(segment_lengths, t, h, kv, d, dtype=jnp.float32, seed=0):
+    """`_qkv` over packed rows of t tokens, with the rows' `Segments` and the query side of
+    their segment mask for `_attention` (each query's segment and index; the key side is
+    segments.ids)."""
+    segments = packed_attention.packed_segments(jnp.asarray(segment_lengths), t)
+    b = segments.ids.shape[0]
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    q_side = jnp.stack([segments.ids, index], axis=-1)
+    return (*_qkv(b, t, h, kv, d, dtype, seed), segments, q_side)
 
 
 def _weighted_sum(out, real):
@@ -125,7 +136,7 @@ def _pieces(segment_lengths, t):
 
 
 def test_packed_segments_positions_restart_at_zero():
-    segments = transformer.packed_segments(jnp.asarray(PACKED), 29)
+    segments = packed_attention.packed_segments(jnp.asarray(PACKED), 29)
     np.testing.assert_array_equal(segments.ids[0], [0] * 11 + [1] * 9 + [3] * 5 + [4] * 4)
     np.testing.assert_array_equal(
         segments.positions[0], [*range(11), *range(9), *range(5), *range(4)])
@@ -141,11 +152,8 @@ def test_packed_segments_positions_restart_at_zero():
 def test_packed_rows_equal_their_sequences_one_per_row(chunk):
     """Attention over packed rows, values and gradients, equals each sequence's own causal
     attention."""
-    b, t, h = 2, 29, 4
-    q, k, v = _qkv(b, t, h, 2, 8)
-    segments = transformer.packed_segments(jnp.asarray(PACKED), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    q_side = jnp.stack([segments.ids, index], axis=-1)
+    t = 29
+    q, k, v, segments, q_side = _packed_qkv(PACKED, t, 4, 2, 8)
     weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
 
     def packed(q, k, v):
@@ -169,10 +177,7 @@ def test_packed_rows_equal_their_sequences_one_per_row(chunk):
 
 def test_packed_query_chunks_hold_neither_all_scores_nor_a_full_mask():
     b, t, h, chunk = 2, 64, 2, 16
-    q, k, v = _qkv(b, t, h, 1, 2)
-    segments = transformer.packed_segments(jnp.array([[20, 30], [64, 0]], jnp.int32), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    q_side = jnp.stack([segments.ids, index], axis=-1)
+    q, k, v, segments, q_side = _packed_qkv([[20, 30], [64, 0]], t, h, 1, 2)
     loss = lambda q, k, v: transformer._attention(q, k, v, q_side, segments.ids, chunk, HIGHEST).sum()  # noqa: E731
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
     assert _largest_array(jaxpr) == b * h * chunk * t < b * t * t  # one chunk's scores
@@ -321,17 +326,15 @@ def test_cudnn_packed_rows_match_the_segment_mask_path():
     a train step's seq - 1 has): `attention` runs cuDNN's packed kernel with no boolean mask,
     and its output and gradients equal the query-chunked path's under the segment mask."""
     b, t, h, kv, d = 2, 511, 16, 8, 128
-    q, k, v = _qkv(b, t, h, kv, d, jnp.bfloat16)
-    segments = transformer.packed_segments(jnp.array([[200, 0, 150, 100], [511, 0, 0, 0]], jnp.int32), t)
+    q, k, v, segments, q_side = _packed_qkv([[200, 0, 150, 100], [511, 0, 0, 0]], t, h, kv, d,
+                                            jnp.bfloat16)
     real = jnp.ones((b, t), bool)
 
     def ours(q, k, v):
         return transformer.attention(q, k, v, segments=segments)
 
     def chunked(q, k, v):
-        index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        return transformer._attention(q, k, v, jnp.stack([segments.ids, index], -1), segments.ids,
-                                      128, None)
+        return transformer._attention(q, k, v, q_side, segments.ids, 128, None)
 
     grad_fn = jax.jit(jax.grad(lambda *a: _weighted_sum(ours(*a), real), argnums=(0, 1, 2)))
     hlo = grad_fn.lower(q, k, v).compile().as_text().lower()
@@ -368,19 +371,15 @@ def test_block_skipping_equals_the_segment_mask_in_values_and_gradients(layout, 
     """`_packed_attention` (only the key blocks each query block needs) equals scoring whole
     rows under the segment mask, values and gradients of q, k and v, grouped-query heads."""
     segment_lengths, t = BLOCK_LAYOUTS[layout]
-    b, h = segment_lengths.shape[0], 4
-    q, k, v = _qkv(b, t, h, 2, 8, seed=layout)
-    segments = transformer.packed_segments(jnp.asarray(segment_lengths), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    q_side = jnp.stack([segments.ids, index], axis=-1)
+    q, k, v, segments, q_side = _packed_qkv(segment_lengths, t, 4, 2, 8, seed=layout)
     weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
 
     def masked(q, k, v):
         return jnp.sum(transformer._attention(q, k, v, q_side, segments.ids, t, HIGHEST) * weights)
 
     def skipping(q, k, v):
-        out = transformer._packed_attention(q, k, v, segments.ids, segments.bounds, 8, group,
-                                            HIGHEST)
+        out = packed_attention._packed_attention(q, k, v, segments.ids, segments.bounds, 8,
+                                                 group, HIGHEST)
         return jnp.sum(out * weights)
 
     value, grads = jax.value_and_grad(skipping, argnums=(0, 1, 2))(q, k, v)
@@ -393,8 +392,8 @@ def test_block_skipping_equals_the_segment_mask_in_values_and_gradients(layout, 
 def test_block_plan_visits_only_blocks_sharing_a_segment_up_to_the_diagonal():
     # Row 0: segments [0, 12), [12, 13), [13, 30) and the tail [30, 32) over blocks of 8.
     # Row 1: one segment [0, 32).
-    segments = transformer.packed_segments(jnp.array([[12, 1, 17], [32, 0, 0]], jnp.int32), 32)
-    per_query, per_key = transformer.packed_block_plan(segments, 32, 8)
+    segments = packed_attention.packed_segments(jnp.array([[12, 1, 17], [32, 0, 0]], jnp.int32), 32)
+    per_query, per_key = packed_attention.packed_block_plan(segments, 32, 8)
     # Block 2 starts in [13, 30) (first key block 1), block 3 in [13, 30) too.
     np.testing.assert_array_equal(per_query, [[1, 2, 2, 3], [1, 2, 3, 4]])
     # Key block 0 is needed by query blocks 0 and 1, key block 1 by 1, 2 and 3.
@@ -402,20 +401,20 @@ def test_block_plan_visits_only_blocks_sharing_a_segment_up_to_the_diagonal():
     # Groups of 3 items, longest first (4, 3, 3 | 2, 2, 2 | 1, 1 and a dummy), loop as long
     # as their first.
     lengths = np.array([[12, 1, 17], [32, 0, 0]], np.int32)
-    assert transformer.packed_block_visits(lengths, 32, 8, 3) == (3 * (4 + 2 + 1), 3 * (4 + 2 + 1))
-    assert transformer.packed_block_visits(lengths, 32, 8, 1) == (18, 18)
+    visits = packed_attention.packed_block_visits
+    assert visits(lengths, 32, 8, 3) == (3 * (4 + 2 + 1), 3 * (4 + 2 + 1))
+    assert visits(lengths, 32, 8, 1) == (18, 18)
 
 
 def test_block_skipping_program_does_not_grow_with_the_row_length():
     """Lax loops, not unrolled blocks: the backward pass's program is the same size at 64 and
     at 512 tokens, and holds one group's scores at most, never a [B, H, T, S] array."""
     def grad_jaxpr(t):
-        q, k, v = _qkv(2, t, 4, 2, 8)
-        segments = transformer.packed_segments(jnp.array([[t // 2, t // 4]], jnp.int32).repeat(2, 0), t)
+        q, k, v, segments, _ = _packed_qkv([[t // 2, t // 4]] * 2, t, 4, 2, 8)
 
         def loss(q, k, v):
-            return transformer._packed_attention(q, k, v, segments.ids, segments.bounds, 16, 2,
-                                                 HIGHEST).sum()
+            return packed_attention._packed_attention(q, k, v, segments.ids, segments.bounds,
+                                                      16, 2, HIGHEST).sum()
         return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
 
     def size(jaxpr):
@@ -437,12 +436,9 @@ def test_attention_skips_blocks_of_long_packed_rows():
     """`attention` over packed rows longer than `_WHOLE_ROW` runs the block-skipping kernel (on
     every backend) and equals scoring whole rows under the segment mask."""
     t = transformer._WHOLE_ROW + 9
-    q, k, v = _qkv(2, t, 2, 1, 4)
-    segments = transformer.packed_segments(jnp.array([[300, 7, 150], [t, 0, 0]], jnp.int32), t)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (2, t))
+    q, k, v, segments, q_side = _packed_qkv([[300, 7, 150], [t, 0, 0]], t, 2, 1, 4)
     out = transformer.attention(q, k, v, segments=segments, precision=HIGHEST)
-    ref = transformer._attention(q, k, v, jnp.stack([segments.ids, index], axis=-1), segments.ids,
-                                 t, HIGHEST)
+    ref = transformer._attention(q, k, v, q_side, segments.ids, t, HIGHEST)
     np.testing.assert_allclose(out, ref, atol=1e-6)
     jaxpr = jax.make_jaxpr(lambda q: transformer.attention(q, k, v, segments=segments))(q).jaxpr
     assert _largest_float_array(jaxpr) < 2 * 2 * t * t  # no whole row's scores
@@ -454,8 +450,8 @@ def test_packed_rows_take_cudnn_only_where_it_agrees_with_the_block_kernel(cudnn
     stand-in on CPU, traced under jit): one that fails or attends across segments is never
     used, and a warning says so."""
     def block_kernel(q, k, v, lengths, segments):
-        return transformer._packed_attention(q, k, v, segments.ids, segments.bounds,
-                                             transformer._BLOCK, 1, None)
+        return packed_attention._packed_attention(q, k, v, segments.ids, segments.bounds,
+                                                  packed_attention._BLOCK, 1, None)
 
     def stand_in(q, k, v, lengths, segments):
         calls.append(segments is not None)
@@ -474,7 +470,7 @@ def test_packed_rows_take_cudnn_only_where_it_agrees_with_the_block_kernel(cudnn
     t = 600  # past _WHOLE_ROW: without cuDNN, CPU packed rows take the block kernel
     q = jnp.asarray(rng.standard_normal((1, t, 4, 16)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((1, 2, t, 16)), jnp.bfloat16) for _ in range(2))
-    segments = transformer.packed_segments(jnp.array([[250, 300, 0, 0]], jnp.int32), t)
+    segments = packed_attention.packed_segments(jnp.array([[250, 300, 0, 0]], jnp.int32), t)
     try:
         with caplog.at_level("WARNING", logger="rstar2_jax.model.transformer"):
             out = jax.jit(lambda q, k, v: transformer.attention(q, k, v, segments=segments))(q, k, v)

@@ -25,10 +25,10 @@ Useful FLOPs = 6 x matmul params x real tokens + causal attention within each re
 compiled here (attention scores whole rows, query-chunked on accelerators); the attention's
 part of it is the step's count minus that of the same step with attention taken out. Packed
 rows, XLA path (ROCm, TPU, GPU float32; CPU rows over 512 tokens): the block-skipping kernel
-(`transformer._packed_attention`) runs lax while loops, whose body XLA's cost analysis counts
-once, so its line is XLA's count without attention plus the kernel's work counted on the host
-by the kernel's own plan (`transformer.packed_block_visits`: the block pairs it computes, its
-groups' masked ends included) x FLOPs per block pair (forward: scores and output, 2 matmuls;
+(`packed_attention._packed_attention`) runs lax while loops, whose body XLA's cost analysis
+counts once, so its line is XLA's count without attention plus the kernel's work counted on the
+host by the kernel's own plan (`packed_attention.packed_block_visits`: the block pairs it
+computes, its groups' masked ends included) x FLOPs per block pair (forward: scores and output, 2 matmuls;
 backward: scores recomputed, d_v, d_probs, d_k, d_q, 5 matmuls; the forward twice with
 --remat). The cuDNN path (NVIDIA, bfloat16) scores only within each sequence, and XLA:GPU
 leaves its kernel out of the count: its line is XLA's count without attention plus the useful
@@ -46,7 +46,7 @@ import numpy as np
 
 from bench_train_step import (MODELS, _abstract_inputs, _flop, device_peak, matmul_params,
                               time_steps, xla_cost)
-from rstar2_jax.model import transformer
+from rstar2_jax.model import packed_attention, transformer
 from rstar2_jax.model.params import init_params
 from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
 from rstar2_jax.train.optim import make_optimizer
@@ -123,9 +123,9 @@ def batches(preset: Preset, lengths, starts, budget: int, micro_batches: int, vo
 def block_attention_flops(config, segment_lengths, t: int, group: int, remat: bool) -> tuple[float, int, int]:
     """(FLOPs, forward block pairs, backward block pairs) of the block-skipping kernel in a
     train step over packed rows of t tokens (see the module docstring)."""
-    forward, backward = transformer.packed_block_visits(segment_lengths, t, transformer._BLOCK,
-                                                        group)
-    per_matmul = 2 * transformer._BLOCK**2 * config.head_dim * config.num_heads * config.num_layers
+    block = packed_attention._BLOCK
+    forward, backward = packed_attention.packed_block_visits(segment_lengths, t, block, group)
+    per_matmul = 2 * block**2 * config.head_dim * config.num_heads * config.num_layers
     return (forward * 2 * (2 if remat else 1) + backward * 5) * per_matmul, forward, backward
 
 
@@ -210,12 +210,13 @@ def main():
         else:
             t = row_tokens - 1  # the model's inputs drop each row's last token
             attention, forward, backward = block_attention_flops(
-                config, batch["segment_lengths"], t, transformer._GROUP, args.remat)
+                config, batch["segment_lengths"], t, packed_attention._GROUP, args.remat)
             cost = without + attention
             cpu = block_attention_flops(config, batch["segment_lengths"], t, 1, args.remat)[0]
             path = (f"XLA path, block skipping ({forward:,} forward / {backward:,} backward "
-                    f"block pairs of {transformer._BLOCK} in groups of {transformer._GROUP}; "
-                    f"CPU, one item a group: {(without + cpu) / useful:.2f}x)")
+                    f"block pairs of {packed_attention._BLOCK} in groups of "
+                    f"{packed_attention._GROUP}; CPU, one item a group: "
+                    f"{(without + cpu) / useful:.2f}x)")
         print(f"  {path}: {_flop(cost)} = {cost / useful:.2f}x useful; attention "
               f"{_flop(attention)} ({attention / cost:.0%} of it), the rest {_flop(without)} "
               f"({without / dense:.2f}x 6 x params x tokens)")

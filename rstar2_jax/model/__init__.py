@@ -5,8 +5,9 @@
     logp = token_logprobs(params, config, tokens, targets)    # [B, T], chunked over the vocab head
     logits, cache = forward_cached(params, config, tokens, cache, num_new)  # prefill / decode
 
-The params tree is documented in `params.py`, padding conventions in `transformer.py` and the
-cache layout in `cache.py`.
+The params tree is documented in `params.py`, padding conventions in `transformer.py`, packed
+rows and their block-skipping attention kernel in `packed_attention.py` and the cache layout in
+`cache.py`.
 """
 from rstar2_jax.model.cache import KVCache, forward_cached, init_cache
 from rstar2_jax.model.config import ModelConfig

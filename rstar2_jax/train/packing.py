@@ -2,8 +2,8 @@
 
 A packed batch is `[rows, row_tokens]` with each row's sequences laid end to end from its start
 and the rest of the row padding; `segment_lengths` `[rows, segments]` (0 for an unused slot)
-tells the model where they are (`rstar2_jax.model.transformer.packed_segments`: each sequence
-attends only to itself, its positions start at 0). No sequence is split across rows.
+tells the model where they are (`rstar2_jax.model.packed_attention.packed_segments`: each
+sequence attends only to itself, its positions start at 0). No sequence is split across rows.
 
 A run's packed batches take few shapes, fixed before it starts (`PackShapes`), so the update
 compiles once per shape it meets, as a padded batch compiles once per row bucket: the row length
