@@ -10,8 +10,10 @@ indexed by a rollout's position in the whole step (`AgentSampler.rollout`'s
 ``first_sequence``), so a rollout draws the same tokens whichever host runs it, and the result
 depends neither on the process count nor on which host took which question.
 
-The hosts then exchange what they sampled (`gather_questions`: an RL step's trajectories, in
-question order; `gather`: small arrays; `gather_objects`: an evaluation's per-sample records).
+The hosts then exchange what they sampled: `gather`, arrays every host needs (an RL step's
+per-rollout numbers, which the selection and the metrics read); `deliver`, values only some
+hosts need (an RL step's trajectories, to the host that trains on them); `gather_questions`,
+values of every question to every host, in question order (an evaluation's per-sample records).
 Exchanges go through the key-value store of JAX's distributed runtime, not through device
 collectives: they touch no device, so a sampler thread can exchange while the trainer's
 collectives run on the training devices (`rl.max_staleness` > 0 across processes). Each
@@ -30,7 +32,7 @@ import io
 import itertools
 import json
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -51,7 +53,10 @@ def share(count: int) -> slice:
 # The k-th call of a kind on a channel pairs up with every other process's k-th: each process
 # makes the same sequence of them per channel, as collectives pair up.
 _counts: dict[str, itertools.count] = collections.defaultdict(itertools.count)
-_counts_lock = threading.Lock()
+# Per channel, the keys this process wrote and may not delete yet, with the number of the
+# message that wrote them.
+_written: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
+_lock = threading.Lock()
 
 # A process waits this long for another's part of an exchange before it gives up; a dead process
 # is caught sooner, by the distributed runtime's heartbeats. A host that drew short questions
@@ -61,10 +66,9 @@ EXCHANGE_TIMEOUT_S = 24 * 3600
 _PIECE_BYTES = 32 << 20
 
 
-def _name(kind: str, channel: str) -> tuple[str, int]:
-    with _counts_lock:
-        number = next(_counts[f"{kind}/{channel}"])
-    return f"rstar2_jax/{kind}/{channel}/{number}", number
+def _number(kind: str) -> int:
+    with _lock:
+        return next(_counts[kind])
 
 
 def _client():
@@ -87,7 +91,7 @@ def claims(count: int, channel: str = "rollout") -> Callable[[], int | None]:
     """
     if jax.process_count() == 1:
         return in_order(count)
-    client, (key, _) = _client(), _name("claims", channel)
+    client, key = _client(), f"rstar2_jax/claims/{channel}/{_number(f'claims/{channel}')}"
 
     def claim() -> int | None:
         taken = client.key_value_increment(key, 1) - 1  # the counter's value after this claim
@@ -96,34 +100,62 @@ def claims(count: int, channel: str = "rollout") -> Callable[[], int | None]:
     return claim
 
 
+def _put(client, key: str, data: bytes) -> None:
+    pieces = [data[i:i + _PIECE_BYTES] for i in range(0, len(data), _PIECE_BYTES)] or [b""]
+    for i, piece in enumerate(pieces):
+        client.key_value_set_bytes(f"{key}/{i}", piece)
+    client.key_value_set(f"{key}/pieces", str(len(pieces)))  # last: the value is whole
+
+
+def _get(client, key: str, writer: str) -> bytes:
+    wait_ms = EXCHANGE_TIMEOUT_S * 1000
+    try:
+        count = int(client.blocking_key_value_get(f"{key}/pieces", wait_ms))
+    except Exception as e:  # the runtime raises its own error type for a deadline
+        if "DEADLINE_EXCEEDED" not in str(e):
+            raise
+        raise TimeoutError(f"{writer} wrote nothing to {key} in {EXCHANGE_TIMEOUT_S} s") from e
+    return b"".join(client.blocking_key_value_get_bytes(f"{key}/{i}", wait_ms) for i in range(count))
+
+
 def exchange(data: bytes, channel: str = "rollout") -> list[bytes]:
     """Every process's ``data``, in process order (``[data]`` on one process), through the
     key-value store of JAX's distributed runtime. Raises TimeoutError when a process has not
     sent its part within `EXCHANGE_TIMEOUT_S`."""
     if jax.process_count() == 1:
         return [data]
-    client, (prefix, number) = _client(), _name("exchange", channel)
-    me = jax.process_index()
-    pieces = [data[i:i + _PIECE_BYTES] for i in range(0, len(data), _PIECE_BYTES)] or [b""]
-    for i, piece in enumerate(pieces):
-        client.key_value_set_bytes(f"{prefix}/{me}/{i}", piece)
-    client.key_value_set(f"{prefix}/{me}/pieces", str(len(pieces)))  # last: the part is whole
-    parts, wait_ms = [], EXCHANGE_TIMEOUT_S * 1000
-    for process in range(jax.process_count()):
-        try:
-            count = int(client.blocking_key_value_get(f"{prefix}/{process}/pieces", wait_ms))
-        except Exception as e:  # the runtime raises its own error type for a deadline
-            if "DEADLINE_EXCEEDED" not in str(e):
-                raise
-            raise TimeoutError(f"process {process} sent nothing to exchange {prefix} in "
-                               f"{EXCHANGE_TIMEOUT_S} s") from e
-        parts.append(b"".join(client.blocking_key_value_get_bytes(f"{prefix}/{process}/{i}", wait_ms)
-                              for i in range(count)))
-    # Every process had read this channel's exchange number - 2 before it sent its part of
-    # number - 1, which this one has now read: nobody reads those keys again.
-    if number >= 2:
-        client.key_value_delete(f"{prefix.rsplit('/', 1)[0]}/{number - 2}/{me}")
+    client, number, me = _client(), _number(channel), jax.process_index()
+    prefix = f"rstar2_jax/{channel}/{number}"
+    _put(client, f"{prefix}/{me}", data)
+    parts = [_get(client, f"{prefix}/{p}", f"process {p}") for p in range(jax.process_count())]
+    # Every process sent its part of this message after it had read all it wanted of the
+    # channel's earlier ones: nobody reads this process's keys of those again.
+    with _lock:
+        done = [key for n, key in _written[channel] if n < number]
+        _written[channel] = [(n, key) for n, key in _written[channel] if n >= number]
+        _written[channel].append((number, f"{prefix}/{me}"))
+    for key in done:
+        client.key_value_delete(key)
     return parts
+
+
+def deliver(mine: dict[int, object], wanted: Sequence[int], channel: str = "rollout") -> list:
+    """The JSON-serialisable values of items ``wanted``, in that order, each written by the one
+    process that has it in ``mine`` (item index -> value): a value goes through the key-value
+    store once and only to the processes that want it, where `gather_questions` sends every
+    value to every process. Every process must call it (the k-th call of each pairs up), and
+    every wanted item must be in some process's ``mine`` (one process waits for it otherwise,
+    up to `EXCHANGE_TIMEOUT_S`). On one process: ``[mine[i] for i in wanted]``."""
+    if jax.process_count() == 1:
+        return [mine[i] for i in wanted]
+    client, number = _client(), _number(channel)
+    prefix = f"rstar2_jax/{channel}/{number}"
+    for item, value in mine.items():
+        _put(client, f"{prefix}/item{item}", json.dumps(value).encode())
+    with _lock:  # deleted after the channel's next exchange (see `exchange`)
+        _written[channel] += [(number, f"{prefix}/item{item}") for item in mine]
+    return [json.loads(_get(client, f"{prefix}/item{i}", f"the process that ran item {i}"))
+            for i in wanted]
 
 
 def gather_questions(count: int, mine: dict[int, object], channel: str = "rollout") -> list:

@@ -4,7 +4,8 @@ CPU devices: one trains, one serves rollouts (``mesh.rollout_devices=1``).
 
 1. Two threads exchange at once on two channels, in opposite orders on the two processes (as a
    sampler thread and the trainer do): every exchange pairs with the same channel's on the
-   other process, and a channel's exchange two back is deleted from the key-value store.
+   other process, and once every process is past a message its keys are deleted from the
+   key-value store. Items delivered go to the processes that want them.
 2. The trainer's params, sharded over both processes' training devices, are copied to this
    process's rollout device by `ServingCopy`: a whole copy, in the serving dtype, on that
    device alone.
@@ -42,10 +43,18 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-# Two rounds back is deleted by the process that wrote it (round 0 after round 2), round 1 stays.
 client = global_state.client
-hosts.gather_objects("done", "rollout")  # both processes have finished round 2 of each channel
-left = sorted({key.split("/")[3] for key, _ in client.key_value_dir_get_bytes("rstar2_jax/exchange/train/")})
+# Items 0 and 2 are process 0's, item 1 process 1's; each process wants others' and its own.
+wanted = [1, 2] if me == 0 else [0, 2]
+delivered = hosts.deliver({0: "a", 2: ["c"]} if me == 0 else {1: {"b": 1}}, wanted, "rollout")
+# Rollout messages 4 and 5: after 5 every process has finished message 4, and so deleted its
+# keys of messages 0-3, the deliveries included.
+hosts.gather_objects("done", "rollout")
+hosts.gather_objects("done again", "rollout")
+# A process deletes its keys of a channel's messages once an exchange shows every process past
+# them: of the train channel's rounds 0-2 only round 2 stays.
+left = {channel: sorted({key.split("/")[2] for key, _ in client.key_value_dir_get_bytes(f"rstar2_jax/{channel}/")})
+        for channel in ("train", "rollout")}
 
 config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
@@ -59,7 +68,7 @@ leaves = jax.tree.leaves(copy)
 same = all(np.array_equal(np.asarray(c), np.asarray(p.astype(jnp.bfloat16)))
            for c, p in zip(leaves, jax.tree.leaves(params), strict=True))
 print(json.dumps({
-    "seen": seen, "left": left, "same": same,
+    "seen": seen, "left": left, "same": same, "delivered": delivered,
     "dtypes": sorted({str(x.dtype) for x in leaves}),
     "devices": sorted({d.id for x in leaves for d in x.devices()}),
     "rollout": [d.id for d in rollout_devices],

@@ -279,10 +279,14 @@ def test_exchanges_pair_by_channel_and_weights_reach_each_hosts_rollout_device()
     rounds = [[[10 * r] * 2, [10 * r + 1] * 2, [10 * r + 1] * 2] for r in range(3)]
     for s in seen:
         assert s["seen"] == {"rollout": rounds, "train": rounds}
-        assert s["left"] == ["1", "2"]  # round 0 deleted once every process had read it
+        # Only the channels' last messages stay: the train channel's round 2, the rollout
+        # channel's 5 (and 4 while the other process has not deleted its part yet).
+        assert s["left"]["train"] == ["2"] and "5" in s["left"]["rollout"]
+        assert set(s["left"]["rollout"]) <= {"4", "5"}
         assert s["train_sharded"] and s["same"] and s["dtypes"] == ["bfloat16"]
         assert s["devices"] == s["rollout"] and len(s["rollout"]) == 1
     assert seen[0]["rollout"] != seen[1]["rollout"]
+    assert seen[0]["delivered"] == [{"b": 1}, ["c"]] and seen[1]["delivered"] == ["a", ["c"]]
 
 
 def test_launcher_runs_n_processes_and_stops_them_on_failure(capfd):

@@ -68,7 +68,7 @@ class Recorder:
         self.k, self.slow = staleness, slow
         self.updates_done = 0
         self.rollouts = {}  # step -> (version, updates done when it started)
-        self.versions = {}  # step -> versions of its trained tokens
+        self.versions = {}  # step -> StepRollouts.versions of its trained rollouts
         self.held = []  # params versions the pipeline holds after each publish
         self.sampler_ahead = threading.Event()
         rollout, train, publish = RLLoop.rollout, RLLoop.train, rl._Pipeline.publish
@@ -124,8 +124,10 @@ def test_rollouts_are_k_updates_behind_and_stamped_with_their_version(slow_runs,
     for step, (version, done) in recorder.rollouts.items():
         assert version == max(0, step - k)
         assert done >= version  # the version existed: the sampler is never more than k ahead
-        np.testing.assert_array_equal(recorder.versions[step], version)
-        assert recorder.versions[step].size > 0
+        count, total, oldest = recorder.versions[step].T  # per trained rollout
+        assert count.size > 0 and np.all(count > 0)
+        np.testing.assert_array_equal(oldest, version)
+        np.testing.assert_array_equal(total, count * version)  # every token by that version
     if slow == "trainer":
         assert recorder.rollouts[k][1] == 0  # step k rolled out before any update
     assert max(recorder.held) <= k + 1

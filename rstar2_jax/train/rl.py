@@ -42,10 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax import chat
-from rstar2_jax.algorithms import Algorithm, resolve_algorithm
+from rstar2_jax.algorithms import Algorithm, Rollouts, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.hosts import claims, gather, gather_questions, share as host_share
+from rstar2_jax.hosts import claims, deliver, gather, share as host_share
 from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.roles import ServingCopy, rollout_mesh
@@ -86,8 +86,9 @@ class StepRollouts:
     """The sampler's side of one RL step, what the trainer needs of it.
 
     batch: `make_batch`'s arrays of this process's kept rollouts; None when nothing was kept.
-    versions: int `[tokens]`, the policy version that sampled each token the update trains on
-      (each kept rollout's generated tokens; every rollout's when nothing was kept).
+    versions: int64 `[rollouts, 3]`: for each rollout the update trains on (every rollout when
+      nothing was kept), its generated tokens' count, the sum of the policy versions that
+      sampled them and the oldest of those versions.
     metrics: the step's rollout metrics (`rollout_metrics`, times).
     """
 
@@ -97,13 +98,47 @@ class StepRollouts:
     metrics: dict
 
 
-def _trained_versions(trajs: list[Trajectory], kept: np.ndarray) -> np.ndarray:
-    """`StepRollouts.versions` of the trajectories ``trajs[kept]`` (of all of them when
-    ``kept`` is empty): the versions of their generated tokens, int64 `[tokens]` (every
-    rollout has at least one)."""
-    chosen = [trajs[i] for i in kept] if kept.size else trajs
-    return np.concatenate([np.asarray(t.versions, np.int64)[np.asarray(t.loss_mask, bool)]
-                           for t in chosen])
+def _per_question(trajs: list[Trajectory], n: int) -> dict[int, list[Trajectory]]:
+    """This process's trajectories (`score_rollouts`: its questions in order, ``n`` each) by
+    question."""
+    ran = {trajs[i].prompt_index: trajs[i:i + n] for i in range(0, len(trajs), n)}
+    if len(ran) * n != len(trajs) or any(t.prompt_index != q for q, ts in ran.items() for t in ts):
+        raise RuntimeError("the sampler returned trajectories out of question order")
+    return ran
+
+
+def _rollout_numbers(ran: dict[int, list[Trajectory]], rewards: np.ndarray) -> dict[str, np.ndarray]:
+    """Every number the step needs of the rollouts of the questions ``ran`` (question -> its
+    trajectories), all but their tokens: ``question`` `[k]`, and `[k, n]` each: the `Rollouts`
+    fields, the response lengths (tool output included) and, over each rollout's generated
+    tokens, the sum and the oldest of the policy versions that sampled them. ``rewards`` is
+    `[questions, n]`."""
+    questions = sorted(ran)
+    trajs = [t for q in questions for t in ran[q]]
+    shape = (len(questions), rewards.shape[1])
+    versions = [np.asarray(t.versions, np.int64)[np.asarray(t.loss_mask, bool)] for t in trajs]
+    return rollout_arrays(trajs, rewards[questions].reshape(shape))._asdict() | {
+        "question": np.asarray(questions, np.int64),
+        "response_length": np.array([len(t.response_ids) for t in trajs], np.int32).reshape(shape),
+        "version_sum": np.array([v.sum() for v in versions], np.int64).reshape(shape),
+        "version_min": np.array([v.min() for v in versions], np.int64).reshape(shape)}
+
+
+def _trained_versions(numbers: dict[str, np.ndarray], kept: np.ndarray) -> np.ndarray:
+    """`StepRollouts.versions` of the rollouts ``kept`` (flat indices; all of them when empty)
+    of the step's `_rollout_numbers`."""
+    columns = [numbers[k].reshape(-1).astype(np.int64) for k in ("lengths", "version_sum", "version_min")]
+    chosen = kept if kept.size else np.arange(columns[0].size)
+    return np.stack([c[chosen] for c in columns], axis=1)
+
+
+def _block_trajectories(ran: dict[int, list[Trajectory]], block: range) -> list[Trajectory]:
+    """The trajectories of the questions in ``block`` (question-major), whichever process ran
+    them: only they cross between processes (`hosts.deliver`), as records."""
+    if jax.process_count() == 1:
+        return [t for q in block for t in ran[q]]
+    records = deliver({q: [t.record() for t in ts] for q, ts in ran.items()}, list(block))
+    return [Trajectory.from_record(r) for question in records for r in question]
 
 
 @dataclasses.dataclass
@@ -152,17 +187,25 @@ class RLLoop:
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, params, problems, prompts, n, rollout_seed,
             claim=claims(len(problems)), version=version)
-        trajs, rewards = _all_questions(trajs, rewards, n)
+        ran = _per_question(trajs, n)
+        # Each process sends the others the numbers of its rollouts (the selection and the
+        # metrics need every rollout's), and each rollout's tokens only to the process that
+        # trains on it.
+        numbers = gather(_rollout_numbers(ran, rewards))
+        if sorted(numbers["question"].tolist()) != list(range(len(problems))):
+            raise RuntimeError(f"the processes ran questions {sorted(numbers['question'].tolist())} "
+                               f"between them, not each of 0 .. {len(problems) - 1} once")
+        order = np.argsort(numbers["question"])
+        numbers = {k: v[order] for k, v in numbers.items()}
         hosts = gather({
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
             "counts": np.array([[stats.generated_tokens, stats.preemptions]], np.int64)})
-        rollouts = rollout_arrays(trajs, rewards)
+        rollouts = Rollouts(**{k: numbers[k] for k in Rollouts._fields})
         kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
                                rl.group_size)
         rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
         tokens, preemptions = hosts["counts"].sum(axis=0)
-        response_lengths = np.array([len(t.response_ids) for t in trajs], np.int32)
-        metrics = rollout_metrics(rollouts, kept, response_lengths) | {
+        metrics = rollout_metrics(rollouts, kept, numbers["response_length"].reshape(-1)) | {
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,
             "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
@@ -174,7 +217,7 @@ class RLLoop:
             limits = self.config.limits
             share = host_share(len(indices))
             mine = kept.share(share.start * n, share.stop * n)
-            block = trajs[share.start * n:share.stop * n]
+            block = _block_trajectories(ran, range(share.start, share.stop))
             most = int(np.bincount(kept.index // len(block)).max())  # kept rows of the fullest host
             # Packed, the model sees only the packed rows: the rollout layout the loss reads
             # takes the most rows a host can keep, so the update's shapes vary with the packed
@@ -184,7 +227,7 @@ class RLLoop:
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
                                rows=rows)
             check_trained_ids(batch, block, mine, self._encode_tool_response)
-        return StepRollouts(step=step, batch=batch, versions=_trained_versions(trajs, kept.index),
+        return StepRollouts(step=step, batch=batch, versions=_trained_versions(numbers, kept.index),
                             metrics=metrics)
 
     def train(self, state: TrainState, rollouts: StepRollouts) -> tuple[TrainState, dict]:
@@ -205,8 +248,9 @@ class RLLoop:
                         "rewards were equal); no update", step + 1)
         metrics["time/update_s"] = time.perf_counter() - start
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
-        lag = step - rollouts.versions
-        metrics |= {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max())}
+        count, total, oldest = rollouts.versions.T
+        metrics |= {"staleness/mean": float(step - total.sum() / count.sum()),
+                    "staleness/max": float(step - oldest.min())}
         # One RL step may take several optimizer updates (mini-batches) or none; the train
         # state's step counts RL steps, the optimizer keeps its own count for the schedule.
         state = state._replace(step=_set_step(state.step, step + 1))
@@ -233,23 +277,6 @@ class RLLoop:
             f"than the trainer's (another checkpoint), or rollout.serving_dtype="
             f"{rollout.serving_dtype} is too coarse for this model; raise rl.first_step_gap_limit, "
             f"or set it to null, if the gap is expected")
-
-
-def _all_questions(trajs: list[Trajectory], rewards: np.ndarray,
-                   n: int) -> tuple[list[Trajectory], np.ndarray]:
-    """The step's trajectories (question-major) and rewards `[questions, n]` from every
-    process's: ``trajs`` are this process's, of the questions it took, ``rewards`` its
-    `[questions, n]` (0 for the others' questions). On one process they are all of them
-    already, and nothing is converted."""
-    if jax.process_count() == 1:
-        return trajs, rewards
-    mine = {}
-    for q in sorted({t.prompt_index for t in trajs}):
-        ran = trajs[len(mine) * n:(len(mine) + 1) * n]
-        mine[q] = {"trajectories": [t.record() for t in ran], "rewards": rewards[q].tolist()}
-    every = gather_questions(len(rewards), mine)
-    return ([Trajectory.from_record(t) for q in every for t in q["trajectories"]],
-            np.array([q["rewards"] for q in every], np.float32).reshape(rewards.shape))
 
 
 @jax.jit
