@@ -15,15 +15,17 @@ G = 4), "paper" rStar2-Agent's (512 questions x 32 rollouts, G = 16). Algorithms
 (`grpo_roc`) and plain GRPO (`grpo`), each in a fresh state of JAX's in-memory caches (the
 persistent cache is off here, as in a process without ``enable_persistent_cache``).
 
-Per (shape, algorithm) it prints the first call (step 0), then over the steps of each pass
-(the same step sequence again: a second pass meets only kept counts it has seen) the median
-and the largest time per step, the total, and how many programs XLA compiled with their
-compile seconds (`rstar2_jax.compile_cache.CompileCounter`); the median over the steps that
-compiled nothing is the steady state. Figures are wall-clock on a shared machine: noisy.
+Per (shape, algorithm) it prints the first call (step 0), then for each pass over the steps
+(a second pass runs the same steps again and meets only kept counts it has seen): the total
+time, the programs XLA compiled (`rstar2_jax.compile_cache.CompileCounter`) with the compile
+seconds, split between the algorithm's select and its advantages (with the wall seconds of
+each), and the median time per step, over all steps, over those that compiled something and
+over those that did not (the steady state). Figures are wall-clock on a shared machine: noisy.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -31,7 +33,7 @@ import time
 import jax
 import numpy as np
 
-from rstar2_jax.algorithms import Rollouts, resolve_algorithm
+from rstar2_jax.algorithms import Algorithm, Rollouts, resolve_algorithm
 from rstar2_jax.compile_cache import CompileCounter
 from rstar2_jax.train.rl_data import select_rollouts
 
@@ -66,41 +68,67 @@ def make_rollouts(rng: np.random.Generator, questions: int, n: int) -> Rollouts:
                     answer_blocks=answer_blocks, answer_tags=answer_tags, turns=turns)
 
 
+class Phases:
+    """The algorithm's select and advantages, each timed with the programs it compiled."""
+
+    def __init__(self, algorithm: Algorithm, counter: CompileCounter):
+        self.counter, self.record = counter, {}
+        self.algorithm = dataclasses.replace(algorithm, select=self._timed("select", algorithm.select),
+                                             advantages=self._timed("advantages", algorithm.advantages))
+
+    def _timed(self, phase, fn):
+        def timed(*args):
+            before, start = self.counter.snapshot(), time.perf_counter()
+            out = fn(*args)
+            self.record[phase] = (time.perf_counter() - start, (self.counter.snapshot() - before).compiled)
+            return out
+        return timed
+
+
+def _ms(values: list[float]) -> str:
+    return f"{1e3 * statistics.median(values):7.1f} ms" if values else "    n/a   "
+
+
 def run(name: str, shape: str, steps: int, passes: int, seed: int) -> None:
     questions, n, group_size = SHAPES[shape]
-    algorithm = resolve_algorithm(name)
     rng = np.random.default_rng(seed)
     step_rollouts = [make_rollouts(rng, questions, n) for _ in range(steps)]
     key = jax.random.key(seed)
     jax.clear_caches()
     print(f"\n{name} at {shape} ({questions} questions x {n} rollouts, G = {group_size}), {steps} steps")
     with CompileCounter() as counter:
+        phases = Phases(resolve_algorithm(name), counter)
         for p in range(passes):
-            times, compiled_steps, clean, groups = [], 0, [], []
+            times, compiling, clean, groups = [], [], [], set()
+            programs = {"select": 0, "advantages": 0}
+            seconds_in = {"select": 0.0, "advantages": 0.0}
             before_pass = counter.snapshot()
             for step, rollouts in enumerate(step_rollouts):
+                step_key = jax.random.fold_in(key, step)
                 before = counter.snapshot()
+                phases.record = {}
                 start = time.perf_counter()
-                kept = select_rollouts(algorithm, jax.random.fold_in(key, step), rollouts, group_size)
+                kept = select_rollouts(phases.algorithm, step_key, rollouts, group_size)
                 seconds = time.perf_counter() - start
                 new = counter.snapshot() - before
+                for phase, (phase_s, compiled) in phases.record.items():
+                    programs[phase] += compiled
+                    seconds_in[phase] += phase_s
                 times.append(seconds)
-                groups.append(kept.groups)
-                if new.compiled:
-                    compiled_steps += 1
-                else:
-                    clean.append(seconds)
+                groups.add(kept.groups)
+                (compiling if new.compiled else clean).append(seconds)
                 if p == 0 and step == 0:
                     print(f"  first call: {1e3 * seconds:8.1f} ms, compiled {new.compiled} programs "
                           f"({new.compile_s:.2f} s compiling, {new.trace_s:.2f} s tracing), "
                           f"{kept.groups} groups kept")
             total = counter.snapshot() - before_pass
-            steady = f"{1e3 * statistics.median(clean):7.1f} ms" if clean else "    n/a"
-            print(f"  pass {p + 1}: per step median {1e3 * statistics.median(times):7.1f} ms, max "
-                  f"{1e3 * max(times):7.1f} ms, total {sum(times):6.2f} s; compiled {total.compiled:3d} "
-                  f"programs ({total.compile_s:5.2f} s) in {compiled_steps:2d} steps; steady "
-                  f"{steady} over {len(clean)} steps; {len(set(groups))} distinct kept counts "
-                  f"({min(groups)}-{max(groups)})")
+            print(f"  pass {p + 1}: {len(groups)} distinct kept counts ({min(groups)}-{max(groups)}); "
+                  f"total {sum(times):6.2f} s, {total.compiled} programs compiled in "
+                  f"{total.compile_s:5.2f} s (select {programs['select']} in {seconds_in['select']:5.2f} s "
+                  f"wall, advantages {programs['advantages']} in {seconds_in['advantages']:5.2f} s wall)\n"
+                  f"          per step: median {_ms(times)}, max {1e3 * max(times):7.1f} ms; median "
+                  f"{_ms(compiling)} over the {len(compiling)} steps that compiled, {_ms(clean)} over "
+                  f"the {len(clean)} that did not")
 
 
 def main() -> None:
