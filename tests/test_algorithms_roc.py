@@ -123,6 +123,56 @@ def test_roc_selection_filters_groups_and_uses_each_modes_penalties():
         roc_selection(jax.random.key(0), r, 3)
 
 
+def random_step(rng, questions, g, equal_share):
+    """`[questions, 2G]` rollouts with varied counts, ``equal_share`` of the questions all
+    solved or all failed, and the keep mask of the equal-reward filter."""
+    shape = (questions, 2 * g)
+    solve = rng.random(questions)
+    equal = rng.random(questions) < equal_share
+    solve[equal] = rng.integers(0, 2, int(equal.sum()))
+    calls = rng.integers(0, 4, shape)
+    r = rollouts(rewards=(rng.random(shape) < solve[:, None]).astype(np.float32), tool_calls=calls,
+                 tool_errors=rng.binomial(calls, 0.3), tool_error_mentions=rng.binomial(calls, 0.3),
+                 answer_blocks=rng.integers(1, 3, shape), answer_tags=2 * rng.integers(1, 3, shape),
+                 turns=calls + 1)
+    return r, np.flatnonzero(r.rewards.max(axis=1) != r.rewards.min(axis=1))
+
+
+@pytest.mark.parametrize("mode", ["paper", "released"])
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_roc_selection_is_the_batch_rule_on_the_kept_questions(mode, impl):
+    # roc_selection computes every question's row in one program and keeps the kept ones; it
+    # must select exactly what roc_select_batch selects from the kept questions alone (with
+    # "rbg" keys it does the latter).
+    rng = np.random.default_rng(0)
+    for step in range(12):
+        r, keep = random_step(rng, 10, 4, equal_share=step / 12)
+        if not keep.size:
+            continue
+        key = jax.random.key(step, impl=impl)
+        penalties = np.asarray(sum(RULES[mode].penalty_terms(r)))
+        local = roc_select_batch(key, r.rewards[keep], penalties[keep], 4, mode)
+        np.testing.assert_array_equal(roc_selection(key, r, 4, mode).index,
+                                      keep[:, None] * 8 + np.asarray(local))
+
+
+@pytest.mark.parametrize("mode", ["paper", "released"])
+def test_roc_selection_compiles_nothing_for_a_new_kept_count(mode):
+    # Each step keeps another number of questions; the selection's programs have the step's
+    # [questions, 2G] shape only, so after the first step nothing is compiled (before: a vmapped
+    # selection per kept count, ~1 s each on a CPU).
+    from rstar2_jax.compile_cache import CompileCounter
+
+    rng = np.random.default_rng(1)
+    steps = [random_step(rng, 13, 4, equal_share) for equal_share in np.linspace(0.1, 0.9, 6)]
+    assert len({keep.size for _, keep in steps}) >= 4
+    roc_selection(jax.random.key(0), steps[0][0], 4, mode)
+    with CompileCounter() as counter:
+        for i, (r, _) in enumerate(steps):
+            roc_selection(jax.random.key(i), r, 4, mode)
+    assert (counter.stats.compiled, counter.stats.loaded) == (0, 0)
+
+
 # --- selection: shared invariants ----------------------------------------------------------------
 
 def group_strategy(max_group=8):

@@ -197,9 +197,30 @@ def roc_selection(key: jax.Array, rollouts: Rollouts, group_size: int,
     penalties = np.asarray(p_err + p_format)
     local = np.zeros((0, group_size), np.int64)
     if keep.size:
-        local = np.asarray(roc_select_batch(key, rewards[keep], penalties[keep], group_size, mode))
+        local = _select_kept(key, rewards, penalties, keep, group_size, mode)
     index = group_index(keep, local, n)
     return Selection(index, np.ones(index.shape, bool))
+
+
+def _select_kept(key, rewards, penalties, keep, group_size, mode) -> np.ndarray:
+    """``roc_select_batch(key, rewards[keep], penalties[keep], group_size, mode)``, computed in
+    a program of one shape per run, `[questions, 2G]`, instead of one per kept count.
+
+    The kept questions' rows go first, in order, and the dropped ones fill the rest: each kept
+    row is drawn with the key ``roc_select_batch`` gives it (its place among the kept), because
+    a partitionable threefry split's first k keys are ``split(key, k)``, and the rows of the
+    vmapped selection do not depend on each other. Without that split (another PRNG
+    implementation, or ``jax_threefry_partitionable`` off) the kept rows alone are selected, a
+    program per kept count. Only the kept rows' values are checked, as before.
+    """
+    rewards, penalties = np.asarray(rewards), np.asarray(penalties)
+    if not (jax.config.jax_threefry_partitionable and str(jax.random.key_impl(key)) == "threefry2x32"):
+        return np.asarray(roc_select_batch(key, rewards[keep], penalties[keep], group_size, mode))
+    rows = np.concatenate([keep, np.setdiff1d(np.arange(rewards.shape[0]), keep)])
+    rewards, penalties = rewards[rows], penalties[rows]
+    _check_group(rewards[:keep.size], penalties[:keep.size], group_size, mode, batched=True)
+    keys = jax.random.split(key, rows.size)
+    return np.asarray(_select_many(keys, rewards, penalties, group_size, mode))[:keep.size]
 
 
 def roc_select(
