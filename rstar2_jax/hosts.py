@@ -163,11 +163,17 @@ def gather_questions(count: int, mine: dict[int, object], channel: str = "rollou
     index -> value), in question order ``0 .. count - 1``. Raises RuntimeError unless the
     processes ran every question exactly once between them."""
     ran = [pair for values in gather_objects(sorted(mine.items()), channel) for pair in values]
-    questions = sorted(q for q, _ in ran)
-    if questions != list(range(count)):
-        raise RuntimeError(f"the processes ran questions {questions} between them, not each of "
-                           f"0 .. {count - 1} once")
-    return [value for _, value in sorted(ran, key=lambda pair: pair[0])]
+    return [ran[i][1] for i in question_order([q for q, _ in ran], count)]
+
+
+def question_order(questions: Sequence[int], count: int) -> np.ndarray:
+    """The permutation that sorts ``questions`` (every process's, gathered) into ``0 .. count -
+    1``. Raises RuntimeError unless the processes ran every question exactly once between
+    them."""
+    if sorted(questions) != list(range(count)):
+        raise RuntimeError(f"the processes ran questions {sorted(questions)} between them, not "
+                           f"each of 0 .. {count - 1} once")
+    return np.argsort(np.asarray(questions), kind="stable")
 
 
 def gather(tree, channel: str = "rollout"):

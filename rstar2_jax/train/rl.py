@@ -22,8 +22,9 @@ earlier steps (`_pipelined`; docs/algorithms.md "Asynchronous RL"); with
 ``mesh.rollout_devices`` the two sides run on disjoint devices and the copy goes device to
 device (`rstar2_jax.roles`). Across several processes the hosts take the step's questions from
 a shared queue as their engines free rows, roll them out with their own tool and verifier pools,
-exchange the trajectories through the distributed runtime's key-value store, and each trains
-on the rollouts of its block of the step's questions (`rstar2_jax.hosts`). Everything random
+exchange the rollouts' numbers through the distributed runtime's key-value store, and each trains
+on the rollouts of its block of the step's questions, whose trajectories alone it receives
+(`rstar2_jax.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one (at k = 0: under k > 0 the rollouts in flight are not saved,
 and the first k steps after a resume sample with the resumed params).
@@ -45,7 +46,7 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, Rollouts, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.hosts import claims, deliver, gather, share as host_share
+from rstar2_jax.hosts import claims, deliver, gather, question_order, share as host_share
 from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.roles import ServingCopy, rollout_mesh
@@ -192,10 +193,7 @@ class RLLoop:
         # metrics need every rollout's), and each rollout's tokens only to the process that
         # trains on it.
         numbers = gather(_rollout_numbers(ran, rewards))
-        if sorted(numbers["question"].tolist()) != list(range(len(problems))):
-            raise RuntimeError(f"the processes ran questions {sorted(numbers['question'].tolist())} "
-                               f"between them, not each of 0 .. {len(problems) - 1} once")
-        order = np.argsort(numbers["question"])
+        order = question_order(numbers["question"].tolist(), len(problems))
         numbers = {k: v[order] for k, v in numbers.items()}
         hosts = gather({
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
