@@ -7,8 +7,10 @@ with a short one (TIMEOUT_S). No test here measures how fast a call runs.
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 import pytest
@@ -356,6 +358,28 @@ def test_fallback_levels_contain_escapees_and_time_out(level):
             time.sleep(0.05)
         if level == "uid":
             assert pool.run("import os\nprint(os.getuid())").stdout != "0\n"
+
+
+def test_namespaces_refused_half_way_leave_the_template_as_it_was():
+    # Seen as root on a Firecracker VM: a mount of the minimal root was refused after the pivot
+    # into its scaffolding, the template fell back to the uid level inside that half-built root
+    # (no /tmp) and every worker died. `auto` must try the namespaces where a refusal costs
+    # nothing. The stand-in step changes this process (an environment variable for the mounts)
+    # and is then refused; the level chosen must be the fallback, in an unchanged process.
+    code = textwrap.dedent("""
+        import os
+        from rstar2_jax.sandbox import template
+
+        def half_built(paths, slots):
+            os.environ["HALF_BUILT"] = "1"
+            raise PermissionError(1, "refused half-way")
+
+        template._enter_namespaces = half_built
+        level, pidns, netns = template.choose_level("auto", [], 1)
+        print(level, "HALF_BUILT" in os.environ, pidns, len(netns))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["uid" if os.geteuid() == 0 else "none", "False", "None", "0"]
 
 
 # -- rendering ---------------------------------------------------------------------------------

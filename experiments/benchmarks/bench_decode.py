@@ -362,7 +362,9 @@ def measure(side: str, args, batch: int, layers: int | None = None) -> dict:
         argv += ["--path", args.path]
     if layers or args.layers:
         argv += ["--layers", str(layers or args.layers)]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True)
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{side} at batch {batch} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -26,16 +26,32 @@ resumes) of a policy on the toy task's held-out problems, at each slot count, an
 
 Any Hugging Face checkpoint with its tokenizer can be the policy (`--policy`: e.g. a Qwen3-0.6B
 directory on an accelerator, with `--serving-dtype bfloat16`); prompts use the toy task's chat
-format. Compilation is excluded (``--warmups`` untimed runs per setting, with other seeds);
-medians over repeats.
+format. ``--model qwen3-0.6b`` serves random weights of that shape instead, with a small toy
+tokenizer and synthetic questions (no checkpoint or data needed): every row then decodes to
+``--max-response-tokens`` (a random policy almost never stops or calls the tool), which is the
+decode throughput of the agentic loop at that shape.
+
+``--concurrent-update ROWS TOKENS`` also times the sandboxed rollout while RL train steps of
+[ROWS, TOKENS] (float32 master weights, the accelerators' compute policy) run on the same device
+in another thread, as an asynchronous run on one device does (`rl.max_staleness` > 0 without
+rollout devices): rollout tokens/s alone and beside the update, and the update's step time alone
+and beside the rollout. The serving copy (`roles.ServingCopy`: the master weights cast to the
+serving dtype, each step of an RL run) is timed too.
+
+Compilation is excluded (``--warmups`` untimed runs per setting, with other seeds); medians over
+repeats.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import statistics
+import threading
 import time
 from pathlib import Path
+
+from bench_train_step import MODELS
 
 from rstar2_jax import chat
 
@@ -68,9 +84,118 @@ def roofline_s(trajs, stats, param_bytes: int, kv_per_token: int, bandwidth: flo
     return (stats.decode_steps * param_bytes + reads * kv_per_token) / bandwidth
 
 
+def random_policy(name: str, questions: int):
+    """(config, float32 params, tokenizer, prompts texts) of random weights at a named shape, with
+    a toy tokenizer trained on synthetic questions (the model's vocabulary stays the shape's)."""
+    import jax
+    import numpy as np
+
+    from rstar2_jax.model.params import init_params
+    from rstar2_jax.toy.tokenizer import build_tokenizer
+
+    rng = np.random.default_rng(0)
+    texts = [f"What is {rng.integers(10**6, 10**9)} * {rng.integers(10**6, 10**9)} modulo "
+             f"{rng.integers(3, 1000)}? Use python to compute it." for _ in range(questions)]
+    tokenizer = build_tokenizer(texts * 4, vocab_size=512)
+    config = dataclasses.replace(MODELS[name], dtype="float32")  # master weights, as a run's
+    return config, init_params(config, jax.random.key(0)), tokenizer, texts
+
+
+def serving_copy_ms(config, params, dtype: str, repeats: int = 5) -> float:
+    """Median milliseconds of the RL loop's serving copy on one device (the cast to ``dtype``)."""
+    import jax.numpy as jnp
+
+    from rstar2_jax.roles import ServingCopy
+    from rstar2_jax.sharding import make_mesh
+
+    copy = ServingCopy(config, make_mesh(devices=jax_devices()[:1]), None, jnp.dtype(dtype))
+    copy(params)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        copy(params)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def jax_devices():
+    import jax
+
+    return jax.devices()
+
+
+class Updater:
+    """RL train steps of random [rows, tokens] batches on the default device, in a thread.
+
+    ``alone(n)`` times n steps with nothing beside them; ``start()`` / ``stop()`` run steps
+    back to back until stopped and return the step times of that window.
+    """
+
+    def __init__(self, config, params, rows: int, tokens: int):
+        import functools
+
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
+        from rstar2_jax.train.optim import make_optimizer
+        from rstar2_jax.train.rl_update import rl_loss
+        from rstar2_jax.train.step import TrainState, make_train_step
+
+        policy = PrecisionConfig()
+        optimizer = make_optimizer(OptimizerConfig(lr=1e-6), total_steps=100)
+        loss = functools.partial(rl_loss, model_config=policy.compute_config(config),
+                                 config=RLConfig(remat=True))
+        self._step = make_train_step(loss, optimizer)
+        params = jax.tree.map(jnp.copy, params)  # the step donates its state
+        self._state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+        rng, t = np.random.default_rng(0), tokens - 1
+        self._batch = jax.device_put({
+            "inputs": rng.integers(0, config.vocab_size, (rows, t)).astype(np.int32),
+            "targets": rng.integers(0, config.vocab_size, (rows, t)).astype(np.int32),
+            "attention_mask": np.ones((rows, t), np.int32), "mask": np.ones((rows, t), bool),
+            "advantages": rng.normal(size=rows).astype(np.float32),
+            "old_logp": np.full((rows, t), -np.log(config.vocab_size), np.float32)})
+        self._stop, self._thread, self._times = threading.Event(), None, []
+
+    def _one(self) -> float:
+        import jax
+
+        start = time.perf_counter()
+        self._state, metrics = self._step(self._state, self._batch)
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - start
+
+    def alone(self, steps: int) -> float:
+        """Median seconds of ``steps`` steps after one untimed (compiling) step."""
+        self._one()
+        return statistics.median(self._one() for _ in range(steps))
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._times = []
+
+        def loop():
+            while not self._stop.is_set():
+                self._times.append(self._one())
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return self._times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="runs/demo/sft_model")
+    parser.add_argument("--model", choices=sorted(MODELS),
+                        help="random weights of this shape instead of --policy (toy tokenizer)")
+    parser.add_argument("--concurrent-update", type=int, nargs=2, metavar=("ROWS", "TOKENS"),
+                        help="also time the rollout beside RL train steps of [ROWS, TOKENS]")
     parser.add_argument("--problems", default="runs/demo/data/test.jsonl")
     parser.add_argument("--slots", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--questions", type=int, default=16)
@@ -85,7 +210,7 @@ def main() -> None:
     parser.add_argument("--warmups", type=int, default=3,
                         help="untimed runs first: each may meet new table and prefill buckets")
     args = parser.parse_args()
-    if not Path(args.policy).exists():
+    if args.model is None and not Path(args.policy).exists():
         raise SystemExit(f"{args.policy} not found: run `python -m rstar2_jax demo` first")
 
     from transformers import AutoTokenizer
@@ -102,12 +227,24 @@ def main() -> None:
     from rstar2_jax.sandbox import SandboxPool
     from rstar2_jax.toy import TOY_FORMAT
 
-    tokenizer = AutoTokenizer.from_pretrained(args.policy)
-    config, params = load_hf(args.policy)
-    problems = load_problems(args.problems)[: args.questions]
-    prompts = [chat.encode_prompt(tokenizer, p.question, TOY_FORMAT) for p in problems]
+    if args.model is not None:
+        config, params, tokenizer, questions = random_policy(args.model, args.questions)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.policy)
+        config, params = load_hf(args.policy)
+        questions = [p.question for p in load_problems(args.problems)[: args.questions]]
+    prompts = [chat.encode_prompt(tokenizer, q, TOY_FORMAT) for q in questions]
     bandwidth = copy_bandwidth()
-    print(f"measured copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(f"device {jax_devices()[0].device_kind}; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    serving = RolloutSettings(serving_dtype=args.serving_dtype).serving_config(config).dtype
+    print(f"serving copy of {config.dtype} params as {serving}: "
+          f"{serving_copy_ms(config, params, serving):.1f} ms")
+    updater = None
+    if args.concurrent_update:
+        updater = Updater(config, params, *args.concurrent_update)
+        update_alone = updater.alone(args.repeats)
+        print(f"update step [{args.concurrent_update[0]}, {args.concurrent_update[1]}] alone: "
+              f"{update_alone:.3f} s")
 
     class TimedPool:
         """Records each call's latency (submit to result) and result."""
@@ -185,6 +322,20 @@ def main() -> None:
             print(f"{slots:>5} {settings.rows:>5} {tok:>7.0f} {100 * roof:>8.1f}% {calls:>6.0f} "
                   f"{ms:>8.1f} {100 * wait:>9.1f}% {preempt:>8.0f} {replay:>15.0f} "
                   f"{plain:>15.0f} {ratio:>5.2f}, {ratio_replayed:>4.2f}", flush=True)
+            if updater is not None:
+                beside, steps = [], []
+                for seed in range(args.repeats):
+                    updater.start()
+                    _, stats = sampler.rollout(params, prompts, args.samples, seed=seed + 1000)
+                    window = updater.stop()
+                    steps += window
+                    beside.append(stats.tokens_per_s)
+                    print(f"      beside the update, seed {seed}: {stats.tokens_per_s:.0f} tok/s, "
+                          f"{len(window)} update steps in {stats.wall_s:.1f} s", flush=True)
+                alongside = statistics.median(beside)
+                print(f"      beside the update: rollout {alongside:.0f} tok/s ({alongside / tok:.2f}x "
+                      f"alone); update step {statistics.median(steps):.3f} s ({len(steps)} steps, "
+                      f"{statistics.median(steps) / update_alone:.2f}x alone)", flush=True)
 
 
 if __name__ == "__main__":

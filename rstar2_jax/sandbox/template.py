@@ -397,16 +397,39 @@ def _enter_namespaces(paths: list[str], slots: int) -> tuple[int, tuple[int, ...
     return pidns, slot_netns
 
 
+def _namespaces_refused(paths: list[str], slots: int) -> str | None:
+    """Why the ``namespaces`` level cannot be built here (None if it can), found in a child.
+
+    A kernel may refuse a step half-way through (a mount in the minimal root, after the pivot):
+    trying in this process would leave it in a half-built root with no ``/tmp``, where the
+    fallback level cannot start either (seen as root on a Firecracker VM)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the template is single-threaded and JAX-free, so it may fork
+        os.close(read)
+        try:
+            _enter_namespaces(paths, slots)
+            os._exit(0)
+        except BaseException as exc:
+            os.write(write, repr(exc).encode()[:1000])
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        why = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else why or f"child status {status}"
+
+
 def choose_level(requested: str, paths: list[str], slots: int) -> tuple[str, int | None, tuple[int, ...]]:
     """Set up the strongest isolation allowed (or the requested one) for a call's view of
     ``paths`` (the installation); return its name and, at the ``namespaces`` level, the
-    descriptors of this PID namespace and of the ``slots`` network namespaces."""
-    if requested in ("auto", "namespaces"):
-        try:
+    descriptors of this PID namespace and of the ``slots`` network namespaces. ``auto`` tries
+    the namespaces in a child first, so a refusal leaves this process as it was."""
+    if requested == "namespaces":
+        return "namespaces", *_enter_namespaces(paths, slots)
+    if requested == "auto":
+        if _namespaces_refused(paths, slots) is None:
             return "namespaces", *_enter_namespaces(paths, slots)
-        except OSError:
-            if requested == "namespaces":
-                raise
     if requested in ("auto", "uid") and os.geteuid() == 0:
         return "uid", None, ()
     if requested == "uid":
