@@ -20,6 +20,7 @@ plots. docs/testbed.md has the details.
 import argparse
 import dataclasses
 
+from rstar2_jax.compile_cache import enable_persistent_cache
 from rstar2_jax.config import load_config
 from rstar2_jax.toy.testbed import TestbedConfig, run_testbed
 
@@ -45,5 +46,9 @@ def parse(argv: list[str] | None = None) -> TestbedConfig:
 
 if __name__ == "__main__":
     cfg = parse()
+    # As every `python -m rstar2_jax` job: each RL run builds its own jitted steps, so without
+    # the persistent cache every arm and seed compiles the same programs again (on a loaded
+    # 2-core machine ~35 s for each new packed row count, most of a run's early steps).
+    enable_persistent_cache()
     run_testbed(cfg)
     print(open(f"{cfg.out}/summary.md").read())
