@@ -46,14 +46,26 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import statistics
 import threading
 import time
 from pathlib import Path
 
-from bench_train_step import MODELS
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_train_step import MODELS, random_batch
 
 from rstar2_jax import chat
+from rstar2_jax.model.params import init_params
+from rstar2_jax.roles import ServingCopy
+from rstar2_jax.sharding import make_mesh
+from rstar2_jax.toy.tokenizer import build_tokenizer
+from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
+from rstar2_jax.train.optim import make_optimizer
+from rstar2_jax.train.rl_update import rl_loss
+from rstar2_jax.train.step import TrainState, make_train_step
 
 
 def copy_bandwidth() -> float:
@@ -64,9 +76,6 @@ def copy_bandwidth() -> float:
     measures the allocator instead (on CPU, faulting in 512 MiB of new pages each call ran at
     5.5-7.3 GB/s where the in-place update runs at ~48 GB/s on the same machine).
     """
-    import jax
-    import jax.numpy as jnp
-
     x = jnp.ones((1 << 27,), jnp.float32)
     scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
     x = jax.block_until_ready(scale(x))
@@ -87,12 +96,6 @@ def roofline_s(trajs, stats, param_bytes: int, kv_per_token: int, bandwidth: flo
 def random_policy(name: str, questions: int):
     """(config, float32 params, tokenizer, prompts texts) of random weights at a named shape, with
     a toy tokenizer trained on synthetic questions (the model's vocabulary stays the shape's)."""
-    import jax
-    import numpy as np
-
-    from rstar2_jax.model.params import init_params
-    from rstar2_jax.toy.tokenizer import build_tokenizer
-
     rng = np.random.default_rng(0)
     texts = [f"What is {rng.integers(10**6, 10**9)} * {rng.integers(10**6, 10**9)} modulo "
              f"{rng.integers(3, 1000)}? Use python to compute it." for _ in range(questions)]
@@ -103,12 +106,7 @@ def random_policy(name: str, questions: int):
 
 def serving_copy_ms(config, params, dtype: str, repeats: int = 5) -> float:
     """Median milliseconds of the RL loop's serving copy on one device (the cast to ``dtype``)."""
-    import jax.numpy as jnp
-
-    from rstar2_jax.roles import ServingCopy
-    from rstar2_jax.sharding import make_mesh
-
-    copy = ServingCopy(config, make_mesh(devices=jax_devices()[:1]), None, jnp.dtype(dtype))
+    copy = ServingCopy(config, make_mesh(devices=jax.devices()[:1]), None, jnp.dtype(dtype))
     copy(params)
     times = []
     for _ in range(repeats):
@@ -116,12 +114,6 @@ def serving_copy_ms(config, params, dtype: str, repeats: int = 5) -> float:
         copy(params)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
-
-
-def jax_devices():
-    import jax
-
-    return jax.devices()
 
 
 class Updater:
@@ -132,17 +124,6 @@ class Updater:
     """
 
     def __init__(self, config, params, rows: int, tokens: int):
-        import functools
-
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-
-        from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
-        from rstar2_jax.train.optim import make_optimizer
-        from rstar2_jax.train.rl_update import rl_loss
-        from rstar2_jax.train.step import TrainState, make_train_step
-
         policy = PrecisionConfig()
         optimizer = make_optimizer(OptimizerConfig(lr=1e-6), total_steps=100)
         loss = functools.partial(rl_loss, model_config=policy.compute_config(config),
@@ -150,18 +131,10 @@ class Updater:
         self._step = make_train_step(loss, optimizer)
         params = jax.tree.map(jnp.copy, params)  # the step donates its state
         self._state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-        rng, t = np.random.default_rng(0), tokens - 1
-        self._batch = jax.device_put({
-            "inputs": rng.integers(0, config.vocab_size, (rows, t)).astype(np.int32),
-            "targets": rng.integers(0, config.vocab_size, (rows, t)).astype(np.int32),
-            "attention_mask": np.ones((rows, t), np.int32), "mask": np.ones((rows, t), bool),
-            "advantages": rng.normal(size=rows).astype(np.float32),
-            "old_logp": np.full((rows, t), -np.log(config.vocab_size), np.float32)})
+        self._batch = random_batch(config, rows, tokens)
         self._stop, self._thread, self._times = threading.Event(), None, []
 
     def _one(self) -> float:
-        import jax
-
         start = time.perf_counter()
         self._state, metrics = self._step(self._state, self._batch)
         jax.block_until_ready(metrics)
@@ -235,7 +208,7 @@ def main() -> None:
         questions = [p.question for p in load_problems(args.problems)[: args.questions]]
     prompts = [chat.encode_prompt(tokenizer, q, TOY_FORMAT) for q in questions]
     bandwidth = copy_bandwidth()
-    print(f"device {jax_devices()[0].device_kind}; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(f"device {jax.devices()[0].device_kind}; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s")
     serving = RolloutSettings(serving_dtype=args.serving_dtype).serving_config(config).dtype
     print(f"serving copy of {config.dtype} params as {serving}: "
           f"{serving_copy_ms(config, params, serving):.1f} ms")

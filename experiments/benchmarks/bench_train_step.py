@@ -151,6 +151,18 @@ def _unrolled_loops():
         jax.lax.scan, jax.lax.map = scan, lax_map
 
 
+def random_batch(config: ModelConfig, rows: int, seq: int) -> dict:
+    """An RL update batch of random tokens on the default device: [rows, seq - 1] inputs and
+    targets, every token trained, random advantages, uniform old log-probs."""
+    rng, t = np.random.default_rng(0), seq - 1
+    return jax.device_put({
+        "inputs": rng.integers(0, config.vocab_size, (rows, t)).astype(np.int32),
+        "targets": rng.integers(0, config.vocab_size, (rows, t)).astype(np.int32),
+        "attention_mask": np.ones((rows, t), np.int32), "mask": np.ones((rows, t), bool),
+        "advantages": rng.normal(size=rows).astype(np.float32),
+        "old_logp": np.full((rows, t), -np.log(config.vocab_size), np.float32)})
+
+
 def time_steps(step, state: TrainState, batch: dict, repeats: int) -> tuple[float, float]:
     """(seconds of the first step: compile + run, median seconds of ``repeats`` more)."""
     def run():
@@ -231,14 +243,7 @@ def main():
     params = jax.tree.map(lambda x: x.astype(args.params), init_params(config, jax.random.key(0)))
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     step = make_step(config)
-    rng = np.random.default_rng(0)
-    t = seq - 1
-    batch = jax.device_put({
-        "inputs": rng.integers(0, config.vocab_size, (b, t)).astype(np.int32),
-        "targets": rng.integers(0, config.vocab_size, (b, t)).astype(np.int32),
-        "attention_mask": np.ones((b, t), np.int32), "mask": np.ones((b, t), bool),
-        "advantages": rng.normal(size=b).astype(np.float32),
-        "old_logp": np.full((b, t), -np.log(config.vocab_size), np.float32)})
+    batch = random_batch(config, b, seq)
 
     compile_seconds, seconds = time_steps(step, state, batch, args.repeats)
     print(f"first step (compile + run): {compile_seconds:.1f} s")
