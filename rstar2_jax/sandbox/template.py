@@ -397,27 +397,21 @@ def _enter_namespaces(paths: list[str], slots: int) -> tuple[int, tuple[int, ...
     return pidns, slot_netns
 
 
-def _namespaces_refused(paths: list[str], slots: int) -> str | None:
-    """Why the ``namespaces`` level cannot be built here (None if it can), found in a child.
+def _namespaces_build_here(paths: list[str], slots: int) -> bool:
+    """Whether the ``namespaces`` level can be built here, tried in a child.
 
     A kernel may refuse a step half-way through (a mount in the minimal root, after the pivot):
     trying in this process would leave it in a half-built root with no ``/tmp``, where the
     fallback level cannot start either (seen as root on a Firecracker VM)."""
-    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the template is single-threaded and JAX-free, so it may fork
-        os.close(read)
         try:
             _enter_namespaces(paths, slots)
-            os._exit(0)
-        except BaseException as exc:
-            os.write(write, repr(exc).encode()[:1000])
+        except BaseException:
             os._exit(1)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        why = pipe.read().decode(errors="replace")
+        os._exit(0)
     _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else why or f"child status {status}"
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def choose_level(requested: str, paths: list[str], slots: int) -> tuple[str, int | None, tuple[int, ...]]:
@@ -428,7 +422,7 @@ def choose_level(requested: str, paths: list[str], slots: int) -> tuple[str, int
     if requested == "namespaces":
         return "namespaces", *_enter_namespaces(paths, slots)
     if requested == "auto":
-        if _namespaces_refused(paths, slots) is None:
+        if _namespaces_build_here(paths, slots):
             return "namespaces", *_enter_namespaces(paths, slots)
     if requested in ("auto", "uid") and os.geteuid() == 0:
         return "uid", None, ()
