@@ -44,14 +44,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_train_step import (MODELS, _abstract_inputs, _flop, device_peak, matmul_params,
-                              time_steps, xla_cost)
+from bench_train_step import (MODELS, OPTIMIZER, _abstract_inputs, _flop, device_peak,
+                              matmul_params, rl_step, time_steps, xla_cost)
 from rstar2_jax.model import packed_attention, transformer
 from rstar2_jax.model.params import init_params
-from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
-from rstar2_jax.train.optim import make_optimizer
+from rstar2_jax.train.configs import PrecisionConfig, RLConfig
 from rstar2_jax.train.packing import PackShapes, gather_index, pack, pack_tokens
-from rstar2_jax.train.rl_update import rl_loss
 from rstar2_jax.train.sft import sft_loss
 from rstar2_jax.train.step import TrainState, make_train_step
 
@@ -161,7 +159,6 @@ def main():
     preset = PRESETS[args.preset]
     policy = PrecisionConfig(params=args.params, compute=args.compute)
     config = dataclasses.replace(MODELS[args.model], dtype=args.params)
-    optimizer = make_optimizer(OptimizerConfig(lr=1e-6), total_steps=100)
     rl = RLConfig(remat=args.remat)
     rng = np.random.default_rng(0)
     lengths, starts, cut = sample_lengths(preset, args.sequences, args.length_scale, rng)
@@ -170,10 +167,11 @@ def main():
                                       config.vocab_size, rng)
 
     def make_step(model_config):
-        compute = policy.compute_config(model_config)
-        loss = (functools.partial(sft_loss, model_config=compute, remat=args.remat)
-                if preset.kind == "sft" else functools.partial(rl_loss, model_config=compute, config=rl))
-        return make_train_step(loss, optimizer, micro_batches=args.micro_batches)
+        if preset.kind == "rl":
+            return rl_step(model_config, policy, rl, args.micro_batches)
+        loss = functools.partial(sft_loss, model_config=policy.compute_config(model_config),
+                                 remat=args.remat)
+        return make_train_step(loss, OPTIMIZER, micro_batches=args.micro_batches)
 
     real = int(lengths.sum())
     dense = 6 * matmul_params(config) * real
@@ -195,17 +193,17 @@ def main():
         computed = rows * row_tokens
 
         def abstract(shallow, batch=batch):
-            state = _abstract_inputs(shallow, optimizer, jnp.dtype(args.params), 1, 2)[0]
+            state = _abstract_inputs(shallow, OPTIMIZER, jnp.dtype(args.params), 1, 2)[0]
             return state, {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
 
         with _NoAttention():
-            without = xla_cost(make_step, config, optimizer, None, 0, 0, abstract)["flops"]
+            without = xla_cost(make_step, config, OPTIMIZER, None, 0, 0, abstract)["flops"]
         cudnn = without + useful_attention * remat_factor
         shape = f"{rows} x {row_tokens}" + (f", {packing.segments} segment slots"
                                             if name == "packed" else "")
         print(f"{name}: {shape} = {computed:,} tokens computed, padding {1 - real / computed:.1%}")
         if name == "padded":
-            cost = xla_cost(make_step, config, optimizer, None, 0, 0, abstract)["flops"]
+            cost = xla_cost(make_step, config, OPTIMIZER, None, 0, 0, abstract)["flops"]
             path, attention = "XLA cost (whole rows, CPU / query-chunked path)", cost - without
         else:
             t = row_tokens - 1  # the model's inputs drop each row's last token
@@ -230,7 +228,7 @@ def main():
     params = jax.tree.map(lambda x: x.astype(args.params), init_params(config, jax.random.key(0)))
     step = make_step(config)
     for name, batch in results.items():
-        state = TrainState(jax.tree.map(jnp.copy, params), optimizer.init(params),
+        state = TrainState(jax.tree.map(jnp.copy, params), OPTIMIZER.init(params),
                            jnp.zeros((), jnp.int32))
         compile_seconds, seconds = time_steps(step, state, jax.device_put(batch), args.repeats)
         peak, source = device_peak(policy.compute_dtype)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import functools
 import statistics
 import threading
 import time
@@ -55,17 +54,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_train_step import MODELS, random_batch
+from bench_train_step import MODELS, OPTIMIZER, random_batch, rl_step
 
 from rstar2_jax import chat
 from rstar2_jax.model.params import init_params
 from rstar2_jax.roles import ServingCopy
 from rstar2_jax.sharding import make_mesh
 from rstar2_jax.toy.tokenizer import build_tokenizer
-from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
-from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train.rl_update import rl_loss
-from rstar2_jax.train.step import TrainState, make_train_step
+from rstar2_jax.train.configs import PrecisionConfig, RLConfig
+from rstar2_jax.train.step import TrainState
 
 
 def copy_bandwidth() -> float:
@@ -124,13 +121,9 @@ class Updater:
     """
 
     def __init__(self, config, params, rows: int, tokens: int):
-        policy = PrecisionConfig()
-        optimizer = make_optimizer(OptimizerConfig(lr=1e-6), total_steps=100)
-        loss = functools.partial(rl_loss, model_config=policy.compute_config(config),
-                                 config=RLConfig(remat=True))
-        self._step = make_train_step(loss, optimizer)
+        self._step = rl_step(config, PrecisionConfig(), RLConfig(remat=True))
         params = jax.tree.map(jnp.copy, params)  # the step donates its state
-        self._state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+        self._state = TrainState(params, OPTIMIZER.init(params), jnp.zeros((), jnp.int32))
         self._batch = random_batch(config, rows, tokens)
         self._stop, self._thread, self._times = threading.Event(), None, []
 

@@ -163,6 +163,18 @@ def random_batch(config: ModelConfig, rows: int, seq: int) -> dict:
         "old_logp": np.full((rows, t), -np.log(config.vocab_size), np.float32)})
 
 
+# A timing does not depend on the learning rate.
+OPTIMIZER = make_optimizer(OptimizerConfig(lr=1e-6), total_steps=100)
+
+
+def rl_step(model_config: ModelConfig, policy: PrecisionConfig, rl: RLConfig,
+            micro_batches: int = 1):
+    """The jitted RL train step the benchmarks time (`rl_loss` at ``policy``'s compute dtype,
+    AdamW `OPTIMIZER`); it donates its state."""
+    loss = functools.partial(rl_loss, model_config=policy.compute_config(model_config), config=rl)
+    return make_train_step(loss, OPTIMIZER, micro_batches=micro_batches)
+
+
 def time_steps(step, state: TrainState, batch: dict, repeats: int) -> tuple[float, float]:
     """(seconds of the first step: compile + run, median seconds of ``repeats`` more)."""
     def run():
@@ -215,12 +227,9 @@ def main():
 
     policy = PrecisionConfig(params=args.params, compute=args.compute, matmul=args.matmul)
     config = dataclasses.replace(MODELS[args.model], dtype=args.params)
-    optimizer = make_optimizer(OptimizerConfig(lr=1e-6), total_steps=100)
     rl = RLConfig(remat=args.remat, logprob_chunk=args.logprob_chunk)
 
-    def make_step(model_config):
-        loss = functools.partial(rl_loss, model_config=policy.compute_config(model_config), config=rl)
-        return make_train_step(loss, optimizer, micro_batches=args.micro_batches)
+    make_step = functools.partial(rl_step, policy=policy, rl=rl, micro_batches=args.micro_batches)
 
     b, seq = args.batch, args.seq
     dense, attention = model_flops(config, b, seq)
@@ -232,7 +241,7 @@ def main():
           f"compute {policy.compute_dtype}, float32 matmuls {policy.matmul}")
     print(f"model FLOPs/step: {_flop(flops)} (6 x params x tokens {_flop(dense)} "
           f"+ causal attention {_flop(attention)})")
-    cost = xla_cost(make_step, config, optimizer, jnp.dtype(args.params), b, seq)
+    cost = xla_cost(make_step, config, OPTIMIZER, jnp.dtype(args.params), b, seq)
     print(f"XLA cost analysis: {_flop(cost['flops'])} ({cost['flops'] / flops:.2f}x the "
           f"model FLOPs), {cost['bytes'] / 1e9:.1f} GB accessed"
           + (" (XLA:GPU leaves out the cuBLAS and cuDNN calls: the matmuls and attention)"
@@ -241,7 +250,7 @@ def main():
         return
 
     params = jax.tree.map(lambda x: x.astype(args.params), init_params(config, jax.random.key(0)))
-    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    state = TrainState(params, OPTIMIZER.init(params), jnp.zeros((), jnp.int32))
     step = make_step(config)
     batch = random_batch(config, b, seq)
 
