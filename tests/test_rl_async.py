@@ -2,6 +2,7 @@
 loop; at k > 0 each step's rollouts come from the policy k updates back (version stamps, the
 bound, the staleness metrics), the same whether the trainer or the sampler is the slow side;
 a failure on either side ends the run with its error."""
+import logging
 import threading
 import time
 
@@ -180,6 +181,26 @@ def test_staleness_on_several_processes_needs_rollout_devices(sft_model, monkeyp
     with pytest.raises(ConfigError, match="rl.max_staleness=1 on several processes needs "
                                           "mesh.rollout_devices > 0"):
         run_rl(_config(sft_model, "processes", 1), progress=False)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("staleness, correction, warned", [
+    (1, (), True),
+    (1, ("rl.rollout_correction.weights=token",), False),
+    (1, ("rl.rollout_correction.mask=token",), False),
+    (0, (), False)])
+def test_staleness_without_a_correction_is_warned_about(sft_model, monkeypatch, caplog,
+                                                         staleness, correction, warned):
+    def stop(name):
+        raise _Stop  # the checks are done: nothing more of the run is needed
+
+    monkeypatch.setattr(rl, "resolve_algorithm", stop)
+    with caplog.at_level(logging.WARNING, logger=rl.__name__), pytest.raises(_Stop):
+        run_rl(_config(sft_model, "warned", staleness, STEPS, *correction), progress=False)
+    assert ("without rl.rollout_correction" in caplog.text) == warned
 
 
 def _devices(tree) -> list[int]:
