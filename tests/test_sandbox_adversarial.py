@@ -40,6 +40,7 @@ from sandbox_cases import (
     MEMORY_LIMIT,
     OUTPUT_LIMIT,
     PATIENT_TIMEOUT_S,
+    PROMPT_S,
     TIMEOUT_S,
     VICTIM,
 )
@@ -226,7 +227,10 @@ def test_case(suite, request, code, stdin, status, check, max_wall):
     if check is not None:
         assert check(result), result
     if result.status == "timeout":
-        assert TIMEOUT_S <= result.wall_s < TIMEOUT_S + 1.0, result
+        # Killed at its deadline, not left to run: the upper bound is PROMPT_S, not the deadline
+        # plus a margin, because reaping a killed fork bomb among sixty neighbours on a loaded
+        # machine took 1.2 s past the deadline in CI; a deadline not enforced runs these forever.
+        assert TIMEOUT_S <= result.wall_s < PROMPT_S, result
     if max_wall is not None:
         assert result.wall_s < max_wall, result
 
