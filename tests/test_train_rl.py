@@ -15,6 +15,7 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import GRPO, GRPO_ROC, Rollouts
 from rstar2_jax.config import load_config
 from rstar2_jax.model import load_hf
+from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, RolloutSettings, SamplingParams
 from rstar2_jax.sandbox import SandboxPool
 from rstar2_jax.tokenizer import open_tokenizer
@@ -44,7 +45,8 @@ METRICS = {
     "clip_high_frac", "approx_kl", "entropy", "grad_norm", "lr", "logprob_mismatch/abs",
     "perf/rollout_tokens_per_s", "perf/update_tokens_per_s", "time/rollout_s",
     "time/tool_wait_s", "time/reward_wait_s", "time/update_s", "loss", "rollouts/positives",
-    "rollouts/kept_positives", "rollouts/preemptions",
+    "rollouts/kept_positives", "rollouts/preemptions", "reward/verifier_timeouts",
+    "reward/verifier_errors",
 }
 
 
@@ -61,6 +63,8 @@ def test_rl_steps_train_and_resume_exactly(sft_model):
         assert 0.0 < r["reward/mean"] < 1.0
         assert r["rollouts/positives"] == r["reward/mean"] * 4 * 8  # questions x rollouts
         assert ("tools/error_ratio_kept_positives" in r) <= (r["rollouts/kept_positives"] > 0)
+        shares = [v for k, v in r.items() if k.startswith("tools/share/")]
+        assert r["tools/calls_per_rollout"] > 0 and sum(shares) == pytest.approx(1.0)
     moved = [float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
              for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(full.params)))]
     assert max(moved) > 1e-4
@@ -210,6 +214,24 @@ def test_a_share_of_the_questions_draws_what_it_draws_in_the_whole_step(sft_mode
         unshifted, _ = sampler.rollout(params, prompts[2:], 4, seed=7)
     assert [t.response_ids for t in share] == [t.response_ids for t in whole[8:]]
     assert [t.response_ids for t in unshifted] != [t.response_ids for t in whole[8:]]
+
+
+def test_verifications_that_time_out_are_counted_in_the_step_metrics(sft_model, monkeypatch):
+    """A verification past its deadline scores 0; the step says how many did, so a loaded
+    verifier pool is not mistaken for a policy that stopped solving. Here every check times
+    out, as the pool handles one (counted, scored 0), without waiting for a real deadline."""
+    def times_out(pool, slot, response_text, gold, future):
+        pool._count("timeouts")
+        future.set_result(0.0)
+
+    monkeypatch.setattr(VerifierPool, "_score", times_out)
+    d = sft_model
+    run_rl(_rl_config(d, "verifier_timeouts", 1), progress=False)
+    [r] = read_metrics(d / "verifier_timeouts")
+    assert r["reward/mean"] == 0.0 and r["groups/kept"] == 0
+    # Every rollout that was not cut at the token budget went to the verifier.
+    assert r["reward/verifier_timeouts"] == round(4 * 8 * (1 - r["response/truncated"])) > 0
+    assert r["reward/verifier_errors"] == 0
 
 
 def test_question_batches_cover_each_epoch_once():

@@ -19,6 +19,8 @@ from rstar2_jax.train.rl_data import (
     rollout_arrays,
     rollout_metrics,
     select_rollouts,
+    tool_status_counts,
+    tool_status_metrics,
 )
 
 TIMEOUT = render_result(ExecResult("timeout", wall_s=4.0))
@@ -172,6 +174,20 @@ def test_error_ratios_are_missing_not_zero_when_undefined():
     r = rollout_arrays(trajs, np.array([[0.0, 0.0, 1.0, 0.0]]))
     m = rollout_metrics(r, select_rollouts(GRPO, jax.random.key(0), r, group_size=2), lengths)
     assert "tools/error_ratio_positives" not in m and m["rollouts/positives"] == 1
+
+
+def test_tool_calls_are_counted_by_how_they_ended():
+    trajs = [trajectory([("timeout", TIMEOUT), ("ok", CLEAN), ("timeout", TIMEOUT)]),
+             trajectory([("malformed", "bad call")]), trajectory()]
+    counts = tool_status_counts(trajs)
+    assert counts.shape[0] == 3 and counts.sum(axis=1).tolist() == [3, 1, 0]
+    shares = tool_status_metrics(counts.reshape(1, 3, -1))  # as the step holds them: [q, n, statuses]
+    nonzero = {k: v for k, v in shares.items() if v}
+    assert nonzero == {"tools/share/timeout": pytest.approx(2 / 4), "tools/share/ok": pytest.approx(1 / 4),
+                       "tools/share/malformed": pytest.approx(1 / 4)}
+    assert {"tools/share/error", "tools/share/memory", "tools/share/sandbox_error"} <= shares.keys()
+    # No call at all: nothing to take a share of.
+    assert tool_status_metrics(tool_status_counts([trajectory(), trajectory()])) == {}
 
 
 def test_advantage_statistics_over_the_kept_rollouts():

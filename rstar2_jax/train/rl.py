@@ -63,6 +63,8 @@ from rstar2_jax.train.rl_data import (
     rollout_arrays,
     rollout_metrics,
     select_rollouts,
+    tool_status_counts,
+    tool_status_metrics,
 )
 from rstar2_jax.train.rl_update import RLUpdate, train_loss
 from rstar2_jax.train.run import Run, start_run
@@ -112,8 +114,8 @@ def _rollout_numbers(ran: dict[int, list[Trajectory]], rewards: np.ndarray) -> d
     """Every number the step needs of the rollouts of the questions ``ran`` (question -> its
     trajectories), all but their tokens: ``question`` `[k]`, and `[k, n]` each: the `Rollouts`
     fields, the response lengths (tool output included) and, over each rollout's generated
-    tokens, the sum and the oldest of the policy versions that sampled them. ``rewards`` is
-    `[questions, n]`."""
+    tokens, the sum and the oldest of the policy versions that sampled them; and
+    ``tool_status`` `[k, n, statuses]` (`tool_status_counts`). ``rewards`` is `[questions, n]`."""
     questions = sorted(ran)
     trajs = [t for q in questions for t in ran[q]]
     shape = (len(questions), rewards.shape[1])
@@ -122,7 +124,8 @@ def _rollout_numbers(ran: dict[int, list[Trajectory]], rewards: np.ndarray) -> d
         "question": np.asarray(questions, np.int64),
         "response_length": np.array([len(t.response_ids) for t in trajs], np.int32).reshape(shape),
         "version_sum": np.array([v.sum() for v in versions], np.int64).reshape(shape),
-        "version_min": np.array([v.min() for v in versions], np.int64).reshape(shape)}
+        "version_min": np.array([v.min() for v in versions], np.int64).reshape(shape),
+        "tool_status": tool_status_counts(trajs).reshape(*shape, -1)}
 
 
 def _trained_versions(numbers: dict[str, np.ndarray], kept: np.ndarray) -> np.ndarray:
@@ -185,9 +188,11 @@ class RLLoop:
         rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
         # Each host takes the step's questions from a shared queue as its rows free up
         # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
+        verifier_before = self.verifier.stats()
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, params, problems, prompts, n, rollout_seed,
             claim=claims(len(problems)), version=version)
+        verifier_after = self.verifier.stats()
         ran = _per_question(trajs, n)
         # Each process sends the others the numbers of its rollouts (the selection and the
         # metrics need every rollout's), and each rollout's tokens only to the process that
@@ -197,17 +202,24 @@ class RLLoop:
         numbers = {k: v[order] for k, v in numbers.items()}
         hosts = gather({
             "times": np.array([[stats.wall_s, stats.tool_wait_s, reward_wait]]),
-            "counts": np.array([[stats.generated_tokens, stats.preemptions]], np.int64)})
+            "counts": np.array([[stats.generated_tokens, stats.preemptions,
+                                 verifier_after.timeouts - verifier_before.timeouts,
+                                 verifier_after.errors - verifier_before.errors]], np.int64)})
         rollouts = Rollouts(**{k: numbers[k] for k in Rollouts._fields})
         kept = select_rollouts(self.algorithm, jax.random.fold_in(step_key, 1), rollouts,
                                rl.group_size)
         rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
-        tokens, preemptions = hosts["counts"].sum(axis=0)
+        tokens, preemptions, verifier_timeouts, verifier_errors = hosts["counts"].sum(axis=0)
+        # Nothing else scores with the run's verifier pool, so its counters' change over the
+        # rollouts is this step's (a timed-out or failed verification scores 0 unseen otherwise).
         metrics = rollout_metrics(rollouts, kept, numbers["response_length"].reshape(-1)) | {
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,
             "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
-            "rollouts/preemptions": preemptions}
+            "rollouts/preemptions": preemptions,
+            "reward/verifier_timeouts": verifier_timeouts,
+            "reward/verifier_errors": verifier_errors,
+        } | tool_status_metrics(numbers["tool_status"])
         batch = None
         if kept.index.size:
             # Each process trains on the rollouts of its block of the step's questions, whichever

@@ -18,6 +18,10 @@ from rstar2_jax.algorithms import Algorithm, Rollouts, loss_inputs, paper_penalt
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler import Trajectory
 from rstar2_jax.sampler.engine import bucket
+from rstar2_jax.sandbox.result import STATUSES
+
+# What a tool call can end as: a sandbox status, or "malformed" (the sampler could not parse it).
+TOOL_STATUSES = (*STATUSES, "malformed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +69,26 @@ def rollout_arrays(trajs: Sequence[Trajectory], rewards: np.ndarray) -> Rollouts
         answer_tags=field(answer_tags, np.int32),
         turns=field(lambda t: max(t.num_turns, 1), np.int32),
     )
+
+
+def tool_status_counts(trajs: Sequence[Trajectory]) -> np.ndarray:
+    """`[len(trajs), len(TOOL_STATUSES)]` int32: each trajectory's tool calls by how they ended."""
+    column = {status: i for i, status in enumerate(TOOL_STATUSES)}
+    counts = np.zeros((len(trajs), len(TOOL_STATUSES)), np.int32)
+    for row, t in enumerate(trajs):
+        for call in t.tool_calls:
+            counts[row, column[call.status]] += 1
+    return counts
+
+
+def tool_status_metrics(counts: np.ndarray) -> dict[str, float]:
+    """``tools/share/<status>``: the share of the step's tool calls that ended with each of
+    `TOOL_STATUSES`, from `tool_status_counts` rows `[..., len(TOOL_STATUSES)]`; empty when the
+    step made no call. Tells a policy whose calls fail as timeouts (a loaded sandbox) from one
+    whose calls fail as malformed or erroring code, which `tools/error_ratio` lumps together."""
+    totals = np.asarray(counts).reshape(-1, len(TOOL_STATUSES)).sum(axis=0)
+    calls = totals.sum()
+    return {f"tools/share/{s}": float(c / calls) for s, c in zip(TOOL_STATUSES, totals)} if calls else {}
 
 
 def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
