@@ -2,11 +2,36 @@
 
 Eight fake CPU devices so that sharded code is exercised; the flag must be set before jax is
 imported anywhere in the test process.
+
+Most of the suite's time is XLA compiling small programs (85% of test_train_rl_update.py's on a
+2-core machine, 238 programs). The tests check what programs compute, not how fast they run, so
+they are compiled with few optimizations (JAX's ``jax_disable_most_optimizations``: half the
+compile time), and every test process and the processes they start (CLI runs, notebook kernels,
+multi-process runs) share one persistent compilation cache for the session, so that a program
+compiled once is loaded by the next test that builds it (a quarter of that module's programs).
+Both are environment variables, inherited by the pytest-xdist workers and by subprocesses; a
+``JAX_COMPILATION_CACHE_DIR`` set by the caller is used as it is.
 """
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # Created by the first process that reads this file (pytest's main process); the workers
+    # it starts inherit the variable and find it set.
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rstar2-tests-jax-")
+# JAX caches only programs that took over a second to compile, by default: most of these.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
