@@ -53,6 +53,7 @@ from rstar2_jax.sampler.sampling import SamplingParams
 from rstar2_jax.sampler.weights import WeightUpdates
 from rstar2_jax.sandbox import SandboxConfig, Session, render_result
 from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
+from rstar2_jax.sandbox.result import STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -209,13 +210,18 @@ class RolloutLimits:
                f"rollout limits must be >= 1, got {self}")
 
 
+# What a tool call can end as: an ExecResult status, or MALFORMED (the call could not be parsed).
+MALFORMED = "malformed"
+TOOL_STATUSES = (*STATUSES, MALFORMED)
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolCallRecord:
     """One tool call of a trajectory and what the model was shown."""
 
     code: str
     stdin: str
-    status: str  # an ExecResult status, or "malformed" for a call that could not be parsed
+    status: str  # one of TOOL_STATUSES
     response_text: str
     turn: int
 
@@ -559,7 +565,7 @@ class AgentSampler:
                 continue
             call = row.call
             if row.ready_text is not None:
-                status, text = "malformed", row.ready_text
+                status, text = MALFORMED, row.ready_text
             else:
                 result = row.future.result()
                 status = result.status

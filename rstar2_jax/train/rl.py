@@ -188,6 +188,8 @@ class RLLoop:
         rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
         # Each host takes the step's questions from a shared queue as its rows free up
         # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
+        # Nothing else scores with the run's verifier pool, so its counters' change over the
+        # rollouts is this step's (a timed-out or failed verification scores 0 unseen otherwise).
         verifier_before = self.verifier.stats()
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, params, problems, prompts, n, rollout_seed,
@@ -210,8 +212,6 @@ class RLLoop:
                                rl.group_size)
         rollout_s, tool_wait_s, reward_wait_s = hosts["times"].max(axis=0)  # the slowest host's
         tokens, preemptions, verifier_timeouts, verifier_errors = hosts["counts"].sum(axis=0)
-        # Nothing else scores with the run's verifier pool, so its counters' change over the
-        # rollouts is this step's (a timed-out or failed verification scores 0 unseen otherwise).
         metrics = rollout_metrics(rollouts, kept, numbers["response_length"].reshape(-1)) | {
             "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
             "time/reward_wait_s": reward_wait_s,

@@ -18,10 +18,7 @@ from rstar2_jax.algorithms import Algorithm, Rollouts, loss_inputs, paper_penalt
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler import Trajectory
 from rstar2_jax.sampler.engine import bucket
-from rstar2_jax.sandbox.result import STATUSES
-
-# What a tool call can end as: a sandbox status, or "malformed" (the sampler could not parse it).
-TOOL_STATUSES = (*STATUSES, "malformed")
+from rstar2_jax.sampler.rollout import TOOL_STATUSES
 
 
 @dataclasses.dataclass(frozen=True)
