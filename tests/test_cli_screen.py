@@ -11,8 +11,11 @@ import sys
 import pytest
 
 # `python -m rstar2_jax` in an interpreter where torch cannot be imported (transformers then
-# reports it as not installed).
-WITHOUT_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
+# reports it as not installed), with Ctrl-C handled as in a terminal. A test run started in the
+# background by a non-interactive shell (`pytest &`) ignores SIGINT, and a child inherits that:
+# the interrupt would then be lost and the job would run to its end.
+WITHOUT_TORCH = ("import runpy, signal, sys; sys.modules['torch'] = None; "
+                 "signal.signal(signal.SIGINT, signal.default_int_handler); "
                  "runpy.run_module('rstar2_jax', run_name='__main__', alter_sys=True)")
 FIRST_SCREEN = 30
 
@@ -60,7 +63,7 @@ def test_first_screen_holds_only_the_jobs_lines(interrupted_demo):
 
 def test_ctrl_c_is_one_line_naming_how_to_resume(interrupted_demo):
     _, after, status, out = interrupted_demo
-    assert status == 130
+    assert status == 130, after
     text = [line for line in after if line.strip()]
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in text), text
     assert text[-1] == (f"interrupted; run the same command again to resume from the checkpoints "
