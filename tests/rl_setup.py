@@ -1,8 +1,11 @@
 """RL inputs for tests: a synthetic task with answers 1 or 2, and a tiny Qwen3 (toy tokenizer)
 briefly fine-tuned to half guess them, so rewards differ within groups and there is a gradient."""
 import json
+import os
+import shutil
 
 import jax
+from filelock import FileLock
 
 from rstar2_jax import chat
 from rstar2_jax.config import load_config
@@ -60,3 +63,25 @@ def write_rl_setup(d):
         "optimizer.warmup_steps=1", "mesh.fsdp=1"]), progress=False)
     save_hf(d / "sft_model", config, jax.device_get(state.params))
     tokenizer.save_pretrained(d / "sft_model")
+
+
+def copied_rl_setup(tmp_path_factory, name: str):
+    """A new directory ``name`` holding what `write_rl_setup` writes (``train.jsonl``,
+    ``sft_model``), for one test module to run in.
+
+    Four modules train on this setup; its SFT run is written once per test session, under a
+    lock, and copied, instead of once per module. The pytest-xdist workers of a session share
+    the parent of their base temporary directories; a run without xdist has its own."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "rl_setup"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "sft_model").exists():
+            building = shared.with_name("rl_setup.partial")
+            shutil.rmtree(building, ignore_errors=True)
+            building.mkdir()
+            write_rl_setup(building)
+            building.rename(shared)  # whole or absent, should a build be interrupted
+    d = tmp_path_factory.mktemp(name)
+    shutil.copy(shared / "train.jsonl", d)
+    shutil.copytree(shared / "sft_model", d / "sft_model")
+    return d

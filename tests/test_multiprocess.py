@@ -18,7 +18,7 @@ from rstar2_jax.cli import main
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.distributed import free_port, initialize_from_env
 from rstar2_jax.train.checkpoint import Checkpointer
-from rl_setup import rl_overrides, write_rl_setup
+from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.rl import run_rl
@@ -48,9 +48,7 @@ def _sft_args(d, run, epochs=3):
 @pytest.fixture(scope="module")
 def rl_setup(tmp_path_factory):
     """A tiny Qwen3 fine-tuned to half guess a task with answers 1 or 2, and its problems."""
-    d = tmp_path_factory.mktemp("multiprocess_rl")
-    write_rl_setup(d)
-    return d
+    return copied_rl_setup(tmp_path_factory, "multiprocess_rl")
 
 
 def _rl_args(d, run, steps=2):

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from rl_setup import rl_overrides, write_rl_setup
+from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.config import load_config
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import load_hf
@@ -24,9 +24,7 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rl_async")
-    write_rl_setup(d)
-    return d
+    return copied_rl_setup(tmp_path_factory, "rl_async")
 
 
 def _config(d, run, staleness, steps=STEPS, *overrides):

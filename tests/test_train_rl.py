@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_setup import PROBLEMS, rl_overrides, write_rl_setup
+from rl_setup import PROBLEMS, copied_rl_setup, rl_overrides
 from user_algorithms import ENTROPY_GRPO
 from rstar2_jax import chat
 from rstar2_jax.algorithms import GRPO, GRPO_ROC, Rollouts
@@ -27,9 +27,7 @@ from rstar2_jax.train.rl import question_batch, run_rl
 
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rl")
-    write_rl_setup(d)
-    return d
+    return copied_rl_setup(tmp_path_factory, "rl")
 
 
 def _rl_config(d, run, steps, *overrides):

@@ -5,7 +5,7 @@ divides by: one line, exit status 2 from the CLI, no update saved."""
 import numpy as np
 import pytest
 
-from rl_setup import rl_overrides, write_rl_setup
+from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.algorithms import ALGORITHMS
 from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
@@ -25,9 +25,7 @@ BF16 = "rollout.serving_dtype=bfloat16"
 
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rl_algorithms")
-    write_rl_setup(d)
-    return d
+    return copied_rl_setup(tmp_path_factory, "rl_algorithms")
 
 
 @pytest.fixture(scope="module")
