@@ -6,6 +6,7 @@ import math
 import re
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from rstar2_jax.model.cache import (
     attend_pages,
     copy_pages,
     as_bits,
+    cudnn_attend_pages,
+    decode_by_cudnn,
     empty_pages,
     pool_shape,
     read_rows,
@@ -168,11 +171,13 @@ def test_paged_decode_attention_matches_attention_over_the_gathered_rows(dtype):
                     config.jnp_dtype)
     cache = KVCache(k=k, v=v, block_table=tables, lengths=lengths)
 
-    out = attend_pages(q, k, v, 1, tables, lengths)
+    # A true float32 product on every backend (a GPU's default is TF32-like, ~1e-3).
+    highest = jax.lax.Precision.HIGHEST
+    out = attend_pages(q, k, v, 1, tables, lengths, highest)
 
     rows_k, rows_v = read_rows(cache, k, 1), read_rows(cache, v, 1)
     mask = jnp.arange(width * page_size)[None, None, :] < lengths[:, None, None]
-    expected = attention(q, rows_k, rows_v, mask)
+    expected = attention(q, rows_k, rows_v, mask, precision=highest)
     tol = 1e-5 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
                                atol=tol, rtol=tol)
@@ -181,6 +186,37 @@ def test_paged_decode_attention_matches_attention_over_the_gathered_rows(dtype):
     shorter = jnp.asarray([12, 1, 6], jnp.int32)
     assert np.isfinite(np.asarray(attend_pages(q, k, poisoned, 1, tables, shorter))).all()
     assert np.isnan(np.asarray(attend_pages(q, k, poisoned, 1, tables, lengths))[0]).all()
+
+
+def _cuda_gpu() -> bool:
+    return (jax.default_backend() == "gpu"
+            and "cuda" in jax.extend.backend.get_backend().platform_version.lower())
+
+
+@pytest.mark.skipif(not _cuda_gpu(), reason="cuDNN's paged attention needs an NVIDIA GPU")
+def test_cudnn_paged_decode_matches_attention_over_the_gathered_rows():
+    """Qwen3-0.6B's attention layout (16 / 8 heads, head dim 128) in bfloat16, pages of 32:
+    `cudnn_attend_pages` reads the right layer's pages of each row up to its length (rows of
+    different lengths in scattered pages, a partly visible last page, a pool of more pages than
+    the rows use), never a page past it, and a decode step takes it on this device."""
+    rng = np.random.default_rng(7)
+    layers, num_pages, heads, kv_heads, page_size, dim, width = 3, 40, 16, 8, 32, 128, 5
+    k, v = (jnp.asarray(rng.standard_normal((layers, num_pages, kv_heads, page_size, dim)),
+                        jnp.bfloat16) for _ in range(2))
+    tables = jnp.asarray(rng.permutation(num_pages)[:3 * width].reshape(3, width), jnp.int32)
+    lengths = jnp.asarray([4 * page_size + 9, 1, 2 * page_size], jnp.int32)
+    q = jnp.asarray(rng.standard_normal((3, 1, heads, dim)), jnp.bfloat16)
+    cache = KVCache(k=k, v=v, block_table=tables, lengths=lengths)
+
+    out = jax.jit(cudnn_attend_pages)(q, k, v, 1, tables, lengths)
+
+    mask = jnp.arange(width * page_size)[None, None, :] < lengths[:, None, None]
+    expected = attention(q, read_rows(cache, k, 1), read_rows(cache, v, 1), mask)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               atol=2e-2, rtol=2e-2)
+    poisoned = v.at[1, tables[1, 1:]].set(jnp.nan).at[1, tables[2, 2:]].set(jnp.nan)
+    assert np.isfinite(np.asarray(cudnn_attend_pages(q, k, poisoned, 1, tables, lengths))).all()
+    assert decode_by_cudnn(q, k)
 
 
 def _decode_program(num_layers, num_pages=40, page_size=8, slots=4, dtype="float32"):

@@ -33,9 +33,10 @@ every side alike). Columns:
 XLA's cost analysis of one decode step (before the decoding, or alone with ``--cost-only``: the
 params and the cache are abstract, nothing is allocated, so it works for any shape on any
 machine) at the last step's context (prompt + new tokens), against the least a step must move:
-every param once and each row's live keys and values once. The analysed program is the one an
-accelerator runs (each row's pages gathered for the attention; on CPU a decode step attends page
-by page instead, see `rstar2_jax.model.cache`), compiled by the local backend. XLA counts a
+every param once and each row's live keys and values once. The analysed program gathers each
+row's pages for the attention, as accelerators do without cuDNN's paged kernel (on CPU a decode
+step attends page by page instead, on an NVIDIA GPU by that kernel, which XLA's count cannot
+see into; see `rstar2_jax.model.cache`), compiled by the local backend. XLA counts a
 loop's body once, so the step is compiled with its layer loop unrolled at 1 and 2 layers and
 extrapolated to the model's depth (exact: the layers are identical). XLA also counts a scatter
 as reading and writing its whole operand, even in place: the two scatters per layer that write
@@ -131,15 +132,16 @@ def bandwidth() -> tuple[float, str]:
 
 @contextlib.contextmanager
 def _gathered_decode():
-    """The accelerators' decode program while a step is traced (see the module docstring)."""
+    """The gathered decode program while a step is traced (see the module docstring)."""
     from rstar2_jax.model import cache
 
-    in_pages = cache.decode_in_pages
+    in_pages, by_cudnn = cache.decode_in_pages, cache.decode_by_cudnn
     cache.decode_in_pages = lambda: False
+    cache.decode_by_cudnn = lambda *_: False
     try:
         yield
     finally:
-        cache.decode_in_pages = in_pages
+        cache.decode_in_pages, cache.decode_by_cudnn = in_pages, by_cudnn
 
 
 def decode_step_cost(config: ModelConfig, batch: int, context: int, page_size: int = 32) -> dict:
@@ -360,6 +362,8 @@ def measure(side: str, args, batch: int, layers: int | None = None) -> dict:
             "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
     if args.path:
         argv += ["--path", args.path]
+    if args.gather:
+        argv += ["--gather"]
     if layers or args.layers:
         argv += ["--layers", str(layers or args.layers)]
     out = subprocess.run(argv, capture_output=True, text=True)
@@ -415,10 +419,16 @@ def main() -> None:
                         help="time the first generate() call at these depths instead")
     parser.add_argument("--split", action="store_true",
                         help="time a decode step whole and without its attention instead")
+    parser.add_argument("--gather", action="store_true",
+                        help="decode with each row's pages gathered, also where cuDNN's paged "
+                             "attention runs (an NVIDIA GPU): the path it replaced")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:  # a child: one measurement, printed as JSON on the last line
+        if args.gather:
+            from rstar2_jax.model import cache
+            cache.decode_by_cudnn = lambda *_: False
         print(json.dumps(SIDES[args.side](args, model_config(args), args.batches[0])))
         return
 

@@ -18,28 +18,35 @@ a pool is ever copied (a caller that donates the pools, as the sampler's decode 
 updates them in place).
 
 A decode step (one token per row) attends in `attend_pages` on CPU: page by page up to the
-longest row, each page of every row gathered into a cache-sized temporary. Elsewhere, and for
-prefill, each row's whole block table is gathered into [B, kv_heads, slots, head_dim] and
-`attention` runs over it (on a GPU a loop of small kernels per page would cost more than the
-copy).
+longest row, each page of every row gathered into a cache-sized temporary. On an NVIDIA GPU
+with a 16-bit cache it attends by cuDNN's paged attention (`cudnn_attend_pages`), which reads
+each row's pages where they lie. Elsewhere, and for prefill, each row's whole block table is
+gathered into [B, kv_heads, slots, head_dim] and `attention` runs over it (on a GPU a loop of
+small kernels per page would cost more than the copy).
 """
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.transformer import (
+    _cudnn_supports,
     attention,
     decoder_layer,
     embed,
     final_norm,
     logits_from_hidden,
 )
+
+log = logging.getLogger(__name__)
 
 
 @flax.struct.dataclass
@@ -118,15 +125,17 @@ def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
 
 
 def as_bits(pool: jax.Array) -> jax.Array:
-    """A pool of 16-bit floats as its uint16 bits (a `KVCache` with `dtype` set), other pools
-    as they are.
+    """On CPU, a pool of 16-bit floats as its uint16 bits (a `KVCache` with `dtype` set); other
+    pools, and every pool on other backends, as they are.
 
-    The sampler keeps its pools this way because XLA:CPU scatters 16-bit floats by converting
-    the whole operand to float32 and back: the pools of every layer, at every layer of every
-    decode step (bfloat16 decode 5-8x slower than float32). Bits are scattered and gathered as
-    they are on every backend, and each gathered page is read back as floats (`read_pages`).
+    XLA:CPU scatters 16-bit floats by converting the whole operand to float32 and back: the
+    pools of every layer, at every layer of every decode step (bfloat16 decode 5-8x slower than
+    float32). Bits are scattered and gathered as they are, and each gathered page is read back
+    as floats (`read_pages`). Other backends scatter 16-bit floats in place, and a kernel that
+    reads the pools where they lie (`cudnn_attend_pages`) takes them only as floats.
     """
-    if pool.dtype.itemsize == 2 and jnp.issubdtype(pool.dtype, jnp.floating):
+    if (jax.default_backend() == "cpu" and pool.dtype.itemsize == 2
+            and jnp.issubdtype(pool.dtype, jnp.floating)):
         return jax.lax.bitcast_convert_type(pool, jnp.uint16)
     return pool
 
@@ -193,6 +202,77 @@ def decode_in_pages() -> bool:
     return jax.default_backend() == "cpu"
 
 
+def cudnn_attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
+                       table: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Single-token attention by cuDNN's paged attention, reading `layer`'s pages of `table`
+    [B, W] in the pools where they lie: q [B, 1, H, D] and pools of one 16-bit dtype; row b sees
+    its positions below lengths[b] (>= 1). Returns [B, 1, H, D].
+
+    Each page of a layer is a [kv_heads, page_size, head_dim] block, cuDNN's paged layout; the
+    pools of all layers are one pool of layers x num_pages blocks (a reshape, no copy) and the
+    layer picks its blocks by offsetting the table. `paged_attention` (JAX 0.10.2's private
+    cuDNN module) insists on exactly B x W blocks in the pool, which a shared pool never has,
+    so the function under it is called directly.
+    """
+    layers, num_pages, heads, page_size, dim = k_pool.shape
+    blocks = [pool.reshape(layers * num_pages, heads, page_size, dim) for pool in (k_pool, v_pool)]
+    # Entries past a row's last page may be any id; clipped, they stay inside this layer.
+    table = jnp.clip(table, 0, num_pages - 1)
+    pages = (layer * num_pages + table).astype(jnp.int32)[:, None, :, None]  # [B, 1, W, 1]
+    unused = jnp.zeros(0, q.dtype)
+    out = _cudnn_attention._dot_product_attention(
+        jnp.swapaxes(q, 1, 2), *blocks, unused, jnp.ones(q.shape[:1], jnp.int32),
+        lengths.astype(jnp.int32), unused, unused, pages, pages, dim**-0.5, 0, 0.0,
+        (False, False), _cudnn_attention.MaskType.PADDING,
+        _cudnn_attention.AttentionLayout.BNTH.value, None, _cudnn_attention.check_cudnn_version(),
+        False)
+    return jnp.swapaxes(out, 1, 2)
+
+
+def decode_by_cudnn(q: jax.Array, pool: jax.Array) -> bool:
+    """Whether a decode step of q [B, 1, H, D] over `pool` attends by `cudnn_attend_pages`: on
+    an NVIDIA GPU (not ROCm), the pool in q's 16-bit dtype, and the kernel checked on this
+    device for this layout (`_cudnn_pages_agree`)."""
+    return (_cudnn_supports(q) and pool.dtype == q.dtype
+            and _cudnn_pages_agree(q.dtype, q.shape[2], pool.shape[2], pool.shape[3], q.shape[3]))
+
+
+@functools.cache
+def _cudnn_pages_agree(dtype, heads: int, kv_heads: int, page_size: int, head_dim: int) -> bool:
+    """Whether `cudnn_attend_pages` gives the gathered rows' attention on this device, for a
+    small pool of this layout: rows of different lengths in scattered pages of a layer past the
+    first, a partly visible last page. Checked once per layout at the first trace that would
+    use it, because it reaches cuDNN through a private JAX function: if it fails or disagrees, a
+    warning says so and decode steps gather the rows instead, never a wrong result."""
+    rng = np.random.default_rng(0)
+    layers, num_pages, width = 2, 13, 3
+    pool_shape = (layers, num_pages, kv_heads, page_size, head_dim)
+    # Evaluated now, also when a decode step is being traced under jit.
+    with jax.ensure_compile_time_eval():
+        k, v = (jnp.asarray(rng.standard_normal(pool_shape), dtype) for _ in range(2))
+        q = jnp.asarray(rng.standard_normal((3, 1, heads, head_dim)), dtype)
+        table = jnp.asarray(rng.permutation(num_pages)[:3 * width].reshape(3, width), jnp.int32)
+        lengths = jnp.asarray([width * page_size, 1, page_size + 1], jnp.int32)
+        cache = KVCache(k=k, v=v, block_table=table, lengths=lengths)
+        mask = jnp.arange(width * page_size)[None, None, :] < lengths[:, None, None]
+        want = np.asarray(attention(q, read_rows(cache, k, 1), read_rows(cache, v, 1), mask),
+                          np.float32)
+        try:
+            got = np.asarray(cudnn_attend_pages(q, k, v, 1, table, lengths), np.float32)
+        except Exception as e:  # noqa: BLE001 -- any failure means: do not use it
+            log.warning("cuDNN paged attention failed (%s: %s); decode steps gather each row's "
+                        "pages instead", type(e).__name__, e)
+            return False
+    worst = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-6))
+    # A 16-bit dtype's rounding is ~1e-2 of unit-sized values; a wrong page or length is off by
+    # the size of the values themselves.
+    if worst > 0.05:
+        log.warning("cuDNN paged attention disagrees with the gathered rows (%.3g of the largest "
+                    "value); decode steps gather each row's pages instead", worst)
+        return False
+    return True
+
+
 @functools.partial(jax.jit, static_argnames=("config", "last_only"))
 def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: KVCache,
                    num_new: jax.Array | None = None, *, last_only: bool = False):
@@ -227,6 +307,9 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
             if t == 1 and decode_in_pages():
                 return attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
                                     cache.lengths + 1, config.precision, cache.kv_dtype)
+            if t == 1 and decode_by_cudnn(q, pools["k"]):
+                return cudnn_attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
+                                          cache.lengths + 1)
             # The cache may be stored in another dtype than the model computes in.
             k, v = (read_rows(cache, pools[n], layer).astype(q.dtype) for n in ("k", "v"))
             return attention(q, k, v, mask, precision=config.precision)
