@@ -13,6 +13,7 @@ import pytest
 
 from helpers_hf import tiny_random_model
 from rstar2_jax.model import KVCache, forward, forward_cached, init_cache, init_params
+from rstar2_jax.model import cache as kv
 from rstar2_jax.model.cache import (
     attend_pages,
     copy_pages,
@@ -217,6 +218,33 @@ def test_cudnn_paged_decode_matches_attention_over_the_gathered_rows():
     poisoned = v.at[1, tables[1, 1:]].set(jnp.nan).at[1, tables[2, 2:]].set(jnp.nan)
     assert np.isfinite(np.asarray(cudnn_attend_pages(q, k, poisoned, 1, tables, lengths))).all()
     assert decode_by_cudnn(q, k)
+
+
+@pytest.mark.parametrize("kernel", ["right", "raises", "ignores_lengths"])
+def test_a_paged_decode_kernel_that_fails_or_disagrees_is_never_used(kernel, monkeypatch, caplog):
+    """The check before cuDNN's paged decode (run here with stand-ins for the kernel): one that
+    raises, or that reads every slot of each row's pages instead of stopping at its length, is
+    not used and a warning says so; one that agrees with the gathered rows is."""
+    def stand_in(q, k, v, layer, table, lengths):
+        if kernel == "raises":
+            raise RuntimeError("no such cuDNN kernel")
+        cache = KVCache(k=k, v=v, block_table=table, lengths=lengths)
+        slots = jnp.arange(table.shape[1] * k.shape[3])[None, None, :]
+        mask = slots < (slots.size if kernel == "ignores_lengths" else lengths[:, None, None])
+        return attention(q, read_rows(cache, k, layer), read_rows(cache, v, layer), mask)
+
+    kv._cudnn_pages_agree.cache_clear()
+    monkeypatch.setattr(kv, "_cudnn_supports", lambda q: True)
+    monkeypatch.setattr(kv, "cudnn_attend_pages", stand_in)
+    q = jnp.zeros((2, 1, 4, 16), jnp.bfloat16)
+    pool = jnp.zeros((1, 5, 2, 8, 16), jnp.bfloat16)
+    try:
+        with caplog.at_level("WARNING", logger="rstar2_jax.model.cache"):
+            used = kv.decode_by_cudnn(q, pool)
+    finally:
+        kv._cudnn_pages_agree.cache_clear()
+    assert used == (kernel == "right")
+    assert ("decode steps gather each row's pages instead" in caplog.text) == (kernel != "right")
 
 
 def _decode_program(num_layers, num_pages=40, page_size=8, slots=4, dtype="float32"):
