@@ -420,16 +420,15 @@ def main() -> None:
     parser.add_argument("--split", action="store_true",
                         help="time a decode step whole and without its attention instead")
     parser.add_argument("--gather", action="store_true",
-                        help="decode with each row's pages gathered, also where cuDNN's paged "
-                             "attention runs (an NVIDIA GPU): the path it replaced")
+                        help="decode with each row's pages gathered, as the analysed program "
+                             "does, also where cuDNN's paged attention runs (an NVIDIA GPU): "
+                             "the path it replaced")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:  # a child: one measurement, printed as JSON on the last line
-        if args.gather:
-            from rstar2_jax.model import cache
-            cache.decode_by_cudnn = lambda *_: False
-        print(json.dumps(SIDES[args.side](args, model_config(args), args.batches[0])))
+        with _gathered_decode() if args.gather else contextlib.nullcontext():
+            print(json.dumps(SIDES[args.side](args, model_config(args), args.batches[0])))
         return
 
     import jax
