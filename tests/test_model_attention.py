@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from devices import cuda_gpu, hopper
 from helpers_hf import tiny_random_model
 from rstar2_jax.model import forward, token_logprobs
 from rstar2_jax.model import packed_attention, transformer
@@ -248,12 +249,7 @@ def test_packed_token_logprobs_equal_one_sequence_per_row(model_type):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
-def _cuda_gpu() -> bool:
-    return (jax.default_backend() == "gpu"
-            and "cuda" in jax.extend.backend.get_backend().platform_version.lower())
-
-
-@pytest.mark.skipif(not _cuda_gpu(), reason="cuDNN's fused attention needs an NVIDIA GPU")
+@pytest.mark.skipif(not cuda_gpu(), reason="cuDNN's fused attention needs an NVIDIA GPU")
 def test_cudnn_attention_matches_xla_forward_and_gradients():
     """The training shape's layout (GQA 16/8, head_dim 128, causal, right-padded rows) in
     bfloat16: `attention` runs cuDNN's kernel, and its output and gradients equal XLA's."""
@@ -287,7 +283,7 @@ def test_cudnn_attention_matches_xla_forward_and_gradients():
         assert np.sum(g * r) / (np.linalg.norm(g) * np.linalg.norm(r)) > 0.999, name
 
 
-@pytest.mark.skipif(not _cuda_gpu(), reason="cuDNN's fused attention needs an NVIDIA GPU")
+@pytest.mark.skipif(not cuda_gpu(), reason="cuDNN's fused attention needs an NVIDIA GPU")
 def test_a_bfloat16_training_pass_through_cudnn_matches_the_masked_path():
     """The training path end to end in bfloat16 (row lengths, an odd length as a train step's
     seq - 1 has, the layer's rematerialisation): log-probs and gradients through cuDNN equal
@@ -316,11 +312,7 @@ def test_a_bfloat16_training_pass_through_cudnn_matches_the_masked_path():
         assert cosine > 0.999, (jax.tree_util.keystr(path), float(cosine))
 
 
-def _hopper() -> bool:
-    return _cuda_gpu() and float(jax.devices()[0].compute_capability) >= 9.0
-
-
-@pytest.mark.skipif(not _hopper(), reason="cuDNN's packed layout needs an NVIDIA GPU, Hopper or later")
+@pytest.mark.skipif(not hopper(), reason="cuDNN's packed layout needs an NVIDIA GPU, Hopper or later")
 def test_cudnn_packed_rows_match_the_segment_mask_path():
     """Packed rows in bfloat16 at the training layout (GQA 16/8, head_dim 128, an odd length as
     a train step's seq - 1 has): `attention` runs cuDNN's packed kernel with no boolean mask,

@@ -6,11 +6,11 @@ import math
 import re
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from devices import cuda_gpu
 from helpers_hf import tiny_random_model
 from rstar2_jax.model import KVCache, forward, forward_cached, init_cache, init_params
 from rstar2_jax.model import cache as kv
@@ -189,12 +189,7 @@ def test_paged_decode_attention_matches_attention_over_the_gathered_rows(dtype):
     assert np.isnan(np.asarray(attend_pages(q, k, poisoned, 1, tables, lengths))[0]).all()
 
 
-def _cuda_gpu() -> bool:
-    return (jax.default_backend() == "gpu"
-            and "cuda" in jax.extend.backend.get_backend().platform_version.lower())
-
-
-@pytest.mark.skipif(not _cuda_gpu(), reason="cuDNN's paged attention needs an NVIDIA GPU")
+@pytest.mark.skipif(not cuda_gpu(), reason="cuDNN's paged attention needs an NVIDIA GPU")
 def test_cudnn_paged_decode_matches_attention_over_the_gathered_rows():
     """Qwen3-0.6B's attention layout (16 / 8 heads, head dim 128) in bfloat16, pages of 32:
     `cudnn_attend_pages` reads the right layer's pages of each row up to its length (rows of
