@@ -29,6 +29,8 @@ import os
 import sys
 from pathlib import Path
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from rstar2_jax.config import load_config
 from rstar2_jax.distributed import initialize_from_env, launch, require_single_process
 from rstar2_jax.errors import (
@@ -226,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             initialize_from_env()
             if args.command not in _MULTI_PROCESS_JOBS:
                 require_single_process(args.command)
-        return args.func(args)
+        # A line logged while a progress bar is drawn goes above the bar, not into it.
+        with logging_redirect_tqdm():
+            return args.func(args)
     except (UserError, OSError) as e:
         # An OSError without a file name is not about the user's input: keep its traceback.
         if getattr(args, "debug", False) or not (isinstance(e, UserError) or e.filename):

@@ -73,6 +73,9 @@ def test_first_screen_holds_only_the_jobs_lines(interrupted_demo):
     for noise in ("Unable to initialize backend", "PyTorch was not found", "transformers", "absl"):
         assert not [line for line in screen if noise in line], (noise, screen)
     assert len(set(screen)) == len(screen), screen  # the SFT data is read and reported once
+    # A line logged while the SFT progress bar is drawn is shown on its own line.
+    assert not [line for line in screen if "%|" in line and "INFO " in line], screen
+    assert any(line.startswith("INFO rstar2_jax.train.sft: SFT packed rows") for line in screen), screen
 
 
 def test_ctrl_c_is_one_line_naming_how_to_resume(interrupted_demo):
