@@ -156,6 +156,33 @@ def test_rows_hold_the_pages_their_tokens_fill(checkpoint):
     assert len(engine.free) == engine.num_pages
 
 
+def test_the_default_pool_holds_each_row_at_full_length_and_no_more(checkpoint, monkeypatch):
+    """Without num_pages every row runs to its budget unpreempted, in a pool of at most one
+    full-length row plus one page per slot (no pages for staged prompts beside the rows, no
+    rows rounded up to a power of two: those made generate() run out of memory on a GPU at 64
+    rows of 2,176 tokens)."""
+    _, config, params = checkpoint
+    engines, preempted = [], []
+    init, evict = engine_lib.Engine.__init__, engine_lib.Engine._evict
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(engine_lib.Engine, "__init__", recording_init)
+    monkeypatch.setattr(engine_lib.Engine, "_evict", lambda self, slot: (preempted.append(slot), evict(self, slot)))
+    # Rows of 16 + 34 tokens: 7 pages of 8 (a power-of-two row would take 8).
+    new = 34
+    out = generate(params, config, PROMPTS, new, page_size=8)
+    assert [len(g.tokens) for g in out] == [new] * len(PROMPTS)
+    assert not preempted
+    (engine,) = engines
+    assert engine.pages_per_row == 7
+    assert engine.num_pages <= engine.num_slots * (engine.pages_per_row + 1)
+    assert [g.tokens for g in out] == [g.tokens for g in generate(params, config, PROMPTS, new, page_size=8,
+                                                                    num_pages=1024)]
+
+
 def test_a_small_pool_preempts_and_resumes_rows_with_the_same_tokens(checkpoint, monkeypatch):
     """With pages for little more than one full row, rows are preempted (their pages taken back)
     and later recomputed from their tokens; every row still gets transformers' tokens."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.sampler.engine import Engine, bucket
+from rstar2_jax.sampler.engine import Engine, bucket, least_pages
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
 
@@ -40,8 +40,9 @@ def generate(
       num_slots: rows decoded together (default: all prompts, rounded up to a power of two);
         with fewer slots than prompts, finished rows are refilled with the next prompt.
       chunk: decode steps per device call.
-      page_size, num_pages: the KV cache's pool (see `Engine`); by default it holds every slot at
-        full length; a smaller pool preempts rows and recomputes them later, same tokens.
+      page_size, num_pages: the KV cache's pool (see `Engine`); by default every slot at full
+        length plus one page (the copy of a prompt's partial last page), nothing preempted; a
+        smaller pool preempts rows and recomputes them later, same tokens.
 
     Returns:
       one `Generation` per prompt, in order; `logprobs` are the sampler's (see `sample_tokens`).
@@ -56,10 +57,19 @@ def generate(
         raise ValueError(
             f"max_new_tokens must be >= 1, one int or one per prompt; got {max_new_tokens}")
     slots = num_slots or bucket(len(prompts), minimum=1)
-    max_prompt = max(len(p) for p in prompts)
+    max_prompt_len = bucket(max(len(p) for p in prompts))
+    max_len = max_prompt_len + max(budgets)
+    if num_pages is None:
+        # One sample per prompt: a staged prompt's pages become its row's (only a partial last
+        # page is copied), so rows at full length fit without the staging pages and
+        # power-of-two row sizes the Engine's default adds for prompts with many samples
+        # (at 64 rows of 2,048 + 128 tokens: 4,416 pages instead of 12,288).
+        num_pages = max(slots * (-(-max_len // page_size) + 1),
+                        least_pages(max_len=max_len, max_prompt_len=max_prompt_len,
+                                    stage_rows=slots, page_size=page_size))
     engine = Engine(
-        params, config, num_slots=slots, max_len=bucket(max_prompt) + max(budgets),
-        max_prompt_len=bucket(max_prompt), sampling=SamplingParams(temperature, top_p, top_k),
+        params, config, num_slots=slots, max_len=max_len,
+        max_prompt_len=max_prompt_len, sampling=SamplingParams(temperature, top_p, top_k),
         stop_tokens=tuple(stop_tokens) or (_NO_STOP,), chunk=chunk, page_size=page_size,
         num_pages=num_pages,
         stage_rows=slots,  # every prompt of a batch that fits the slots staged at once
