@@ -1,8 +1,9 @@
 """What a user sees of `python -m rstar2_jax demo`: a first screen of the job's own lines only
 (no line of JAX's backend probing, of transformers, none twice), and Ctrl-C as one line that
 says how to resume. The job runs as a user's would: in a fresh interpreter without torch (as
-after `pip install -r requirements.txt`), without the tests' JAX settings, in its own session
-so that the interrupt reaches every process of it, as a terminal's Ctrl-C does."""
+after `pip install -r requirements.txt`), without the tests' JAX platform and device settings,
+in its own session so that the interrupt reaches every process of it, as a terminal's Ctrl-C
+does."""
 import os
 import re
 import signal
