@@ -1,7 +1,7 @@
 """VerifierPool: same rewards as in-process scoring, hard kill of hung calls, cache, recovery.
 
-The pool is created after JAX has run in this process, as in the trainer: its workers must be
-spawned, never forked from a multithreaded JAX process. Calls that must be scored run in a pool
+The pool is created after JAX has run in this process, as in the trainer: its workers must never
+be forked from a multithreaded JAX process (they come from a fork server, a fresh interpreter). Calls that must be scored run in a pool
 whose deadline (PATIENT_TIMEOUT_S) no load on the machine reaches; only the call that must time
 out runs in a pool with a short one (TIMEOUT_S). No test here measures how fast a call runs.
 """
@@ -248,8 +248,18 @@ def test_bad_configuration_is_rejected(kwargs):
         VerifierPool(**kwargs)
 
 
+def test_workers_come_from_the_fork_server_not_from_this_process():
+    # This process has run JAX (module docstring): a worker it forked or spawned would be its
+    # child. The fork server's workers are the server's children, so waiting for one fails.
+    with VerifierPool(num_workers=2, timeout_s=PATIENT_TIMEOUT_S) as pool:
+        assert pool.score_batch([("<answer>\\boxed{2}</answer>", "2")]) == [1.0]
+        for worker in pool._workers:
+            with pytest.raises(ChildProcessError):
+                os.waitpid(worker.process.pid, os.WNOHANG)
+
+
 def test_a_script_without_the_main_guard_is_told_it_needs_one(tmp_path):
-    # The spawned worker re-imports the script, whose pool cannot start from a worker: the worker
+    # The worker imports the script, whose pool cannot start from a worker: the worker
     # dies at once, and the error must say so, and why, without waiting for the start-up timeout.
     script = tmp_path / "no_guard.py"
     script.write_text("from rstar2_jax.rewards import VerifierPool\n"

@@ -14,9 +14,13 @@ the final answer's boxes (`extract_boxes`) and sends them back; the thread looks
 group costs a few verifications, and a pair already being verified by another worker is shared
 rather than verified twice.
 
-Workers are started with the spawn method of `multiprocess`: the trainer has already started
-JAX's threads and must never be forked. Requests and replies are JSON bytes over a pipe, never
-pickles.
+Workers are started by the forkserver method of `multiprocess`: the trainer has already
+started JAX's threads and must never be forked, but the fork server is a fresh interpreter of
+its own, started once per process, that has imported and run the checking code
+(`rstar2_jax.rewards.warm`) before it forks each worker. A worker (a pool's first, a
+replacement for one killed at its deadline, those of the next pool) then starts in a fraction
+of a second; spawned, each one imported sympy and math-verify for seconds. Requests and replies
+are JSON bytes over a pipe, never pickles.
 """
 
 import collections
@@ -54,12 +58,10 @@ def _serve(connection) -> None:
     # the pool; a worker must not die on it with a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
+    import rstar2_jax.rewards.warm  # noqa: F401  already imported where the fork server preloaded it
     from rstar2_jax.rewards.extract import extract_boxes
     from rstar2_jax.rewards.verify import answer_matches
 
-    # Touch every code path once so the first real call does not pay sympy's lazy imports.
-    answer_matches(extract_boxes("<answer>\\boxed{\\frac{2}{4}}</answer>"), "0.5")
-    answer_matches(["x^2 - 1"], "(x-1)(x+1)")
     connection.send_bytes(_READY)
     while True:
         try:
@@ -76,8 +78,18 @@ def _serve(connection) -> None:
         connection.send_bytes(json.dumps(reply).encode())
 
 
+def _worker_context():
+    """`multiprocess`'s forkserver context, its server preloading the checking code. The preload
+    list is the process's, read when the server starts (at the first worker): a server started
+    earlier by other code without it forks workers that import the checking code themselves,
+    as slowly as spawned ones, and as correctly."""
+    context = multiprocess.get_context("forkserver")
+    context.set_forkserver_preload(["rstar2_jax.rewards.warm"])
+    return context
+
+
 class _Worker:
-    """One spawned verifier process and the parent's end of its pipe."""
+    """One verifier worker process and the parent's end of its pipe."""
 
     def __init__(self, context):
         self.connection, child_end = context.Pipe(duplex=True)
@@ -97,7 +109,7 @@ class _Worker:
                     f"verifier worker exited (exit code {self.process.exitcode}) before it started, "
                     "its traceback above; most often the script that starts the VerifierPool (or a "
                     "RolloutRuntime) lacks an `if __name__ == '__main__':` guard around it, which it "
-                    "needs because spawned workers re-import the main module")
+                    "needs because each worker imports the main module")
             raise RuntimeError(f"verifier worker did not start within {_STARTUP_TIMEOUT_S} s")
 
     def call(self, request: dict, timeout_s: float) -> dict | str:
@@ -155,8 +167,8 @@ class VerifierPool:
     worker could not be started gets that error as its future's exception; every submitted
     call gets exactly one outcome.
 
-    Workers are spawned, so they re-import the main module: a script that creates a pool needs
-    the usual `if __name__ == "__main__":` guard (notebooks and pytest need nothing).
+    Each worker imports the main module, as a spawned process would: a script that creates a
+    pool needs the usual `if __name__ == "__main__":` guard (notebooks and pytest need nothing).
 
     Futures are resolved, and so their done-callbacks run, on the pool's threads: a callback
     may `submit` or `close`, but `score_batch` there could wait for its own thread and raises
@@ -175,7 +187,7 @@ class VerifierPool:
             )
         self.timeout_s = timeout_s
         self._cache_size = cache_size
-        self._context = multiprocess.get_context("spawn")
+        self._context = _worker_context()
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[tuple, float] = collections.OrderedDict()
         self._in_flight: dict[tuple, concurrent.futures.Future] = {}
