@@ -1,9 +1,10 @@
 """VerifierPool: same rewards as in-process scoring, hard kill of hung calls, cache, recovery.
 
 The pool is created after JAX has run in this process, as in the trainer: its workers must never
-be forked from a multithreaded JAX process (they come from a fork server, a fresh interpreter). Calls that must be scored run in a pool
-whose deadline (PATIENT_TIMEOUT_S) no load on the machine reaches; only the call that must time
-out runs in a pool with a short one (TIMEOUT_S). No test here measures how fast a call runs.
+be forked from a multithreaded JAX process (they come from a fork server, a fresh interpreter).
+Calls that must be scored run in a pool whose deadline (PATIENT_TIMEOUT_S) no load on the
+machine reaches; only the call that must time out runs in a pool with a short one (TIMEOUT_S).
+No test here measures how fast a call runs.
 """
 
 import concurrent.futures
