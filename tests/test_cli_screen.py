@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from rstar2_jax.toy.demo import RL_CHECKPOINT_EVERY, SFT_CHECKPOINT_EVERY
+
 # `python -m rstar2_jax` in an interpreter where torch cannot be imported (transformers then
 # reports it as not installed), with Ctrl-C handled as in a terminal. A test run started in the
 # background by a non-interactive shell (`pytest &`) ignores SIGINT, and a child inherits that:
@@ -84,5 +86,6 @@ def test_ctrl_c_is_one_line_naming_how_to_resume(interrupted_demo):
     assert status == 130, after
     text = [line for line in after if line.strip()]
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in text), text
-    assert text[-1] == (f"interrupted; run the same command again to resume from the checkpoints "
-                        f"in {out} (saved as SFT and RL finish)")
+    assert text[-1] == (f"interrupted; run the same command again to resume from the newest "
+                        f"checkpoints in {out} (SFT saves every {SFT_CHECKPOINT_EVERY} steps, "
+                        f"RL every {RL_CHECKPOINT_EVERY})")

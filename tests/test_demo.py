@@ -1,5 +1,6 @@
-"""The main job at its tiny settings (`DemoConfig.tiny`), end to end, training; its exported model in
-transformers; the `--tiny` preset on the command line."""
+"""The main job at its tiny settings (`DemoConfig.tiny`), end to end, training, interrupted in
+each phase and resumed; its exported model in transformers; the `--tiny` preset on the command
+line."""
 import dataclasses
 import json
 import os
@@ -17,18 +18,54 @@ from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.model import load_hf
 from rstar2_jax.sampler import generate
 from rstar2_jax.toy import TOY_FORMAT
-from rstar2_jax.toy.demo import DemoConfig, run_demo, weight_change
+from rstar2_jax.toy.demo import RL_CHECKPOINT_EVERY, SFT_CHECKPOINT_EVERY, DemoConfig, run_demo, weight_change
 from rstar2_jax.train.metrics import read_metrics
+from rstar2_jax.train.run import Run
+
+# Where the job is interrupted: in each phase, a step after a periodic checkpoint, before the next.
+STOPS = {"sft": SFT_CHECKPOINT_EVERY + 10, "rl": RL_CHECKPOINT_EVERY + 1}
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """The tiny job, interrupted (as by Ctrl-C) at SFT step STOPS["sft"], run again, interrupted at
+    RL step STOPS["rl"], run again to its end: its config, summary, and (phase, step) of every
+    step finished, in order."""
     cfg = DemoConfig.tiny(str(tmp_path_factory.mktemp("demo")))
-    return cfg, run_demo(cfg, progress=False)
+    stops, done = dict(STOPS), []
+    finish_step = Run.finish_step
+
+    def interrupted(run, state, metrics, **kwargs):
+        phase, step = run.run_dir.name, int(state.step)
+        if stops.get(phase) == step:
+            del stops[phase]
+            raise KeyboardInterrupt
+        finish_step(run, state, metrics, **kwargs)
+        done.append((phase, step))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Run, "finish_step", interrupted)
+        for _ in STOPS:
+            with pytest.raises(KeyboardInterrupt):
+                run_demo(cfg, progress=False)
+        summary = run_demo(cfg, progress=False)
+    return cfg, summary, done
+
+
+def test_an_interrupted_job_resumes_each_phase_from_its_newest_checkpoint(demo):
+    cfg, _, done = demo
+    for phase, stop in STOPS.items():
+        steps = [step for p, step in done if p == phase]
+        saved = stop - stop % (SFT_CHECKPOINT_EVERY if phase == "sft" else RL_CHECKPOINT_EVERY)
+        end = steps[-1]
+        # Up to the interrupt from scratch; then from the checkpoint before it to the end, once.
+        assert steps == list(range(1, stop)) + list(range(saved + 1, end + 1))
+        assert 0 < saved < stop < end, (phase, saved, stop, end)
+    assert end == cfg.rl_steps
 
 
 def test_tiny_main_job_runs_end_to_end(demo):
-    cfg, summary = demo
+    cfg, summary, _ = demo
     out = cfg.out
     for report in (summary.sft, summary.rl):
         assert report.problems == 8 and report.samples_per_problem == 4
@@ -50,7 +87,7 @@ def test_tiny_main_job_runs_end_to_end(demo):
 
 def test_tiny_main_job_trains(demo):
     # The tiny run exists to train: its RL steps keep groups and the policy moves.
-    cfg, summary = demo
+    cfg, summary, _ = demo
     records = read_metrics(f"{cfg.out}/rl")
     assert sum(summary.kept_groups) > 0 and summary.steps_without_update < len(records)
     updated = [r for r in records if r["groups/kept"] > 0]
@@ -60,7 +97,7 @@ def test_tiny_main_job_trains(demo):
 
 
 def test_a_step_that_keeps_nothing_is_a_warning_in_the_summary(demo):
-    _, summary = demo
+    _, summary, _ = demo
     table = dataclasses.replace(summary, kept_groups=[0, 3]).table()
     assert "groups kept per RL step: 0 3" in table
     assert "WARNING: 1 of 2 RL steps kept no group" in table
@@ -68,7 +105,7 @@ def test_a_step_that_keeps_nothing_is_a_warning_in_the_summary(demo):
 
 
 def test_exported_model_greedy_generates_like_transformers(demo):
-    cfg, _ = demo
+    cfg, _, _ = demo
     model_dir = f"{cfg.out}/rl_model"
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     config, params = load_hf(model_dir)
@@ -108,7 +145,7 @@ def test_config_refuses_more_questions_per_step_than_training_problems():
 def test_cli_evaluates_the_exported_toy_model_from_a_fresh_interpreter(demo, tmp_path):
     # The toy's chat format is registered by the toy package; a user who points the CLI at the
     # toy's exported model must not need to import it first.
-    cfg, _ = demo
+    cfg, _, _ = demo
     env = os.environ | {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
     done = subprocess.run(
         [sys.executable, "-m", "rstar2_jax", "eval", f"model.path={cfg.out}/rl_model",
