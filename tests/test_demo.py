@@ -22,8 +22,10 @@ from rstar2_jax.toy.demo import RL_CHECKPOINT_EVERY, SFT_CHECKPOINT_EVERY, DemoC
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.train.run import Run
 
-# Where the job is interrupted: in each phase, a step after a periodic checkpoint, before the next.
-STOPS = {"sft": SFT_CHECKPOINT_EVERY + 10, "rl": RL_CHECKPOINT_EVERY + 1}
+# Where the job is interrupted: in each phase, a step after its first periodic checkpoint,
+# before the next.
+EVERY = {"sft": SFT_CHECKPOINT_EVERY, "rl": RL_CHECKPOINT_EVERY}
+STOPS = {"sft": EVERY["sft"] + 10, "rl": EVERY["rl"] + 1}
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,15 @@ def demo(tmp_path_factory):
 
 def test_an_interrupted_job_resumes_each_phase_from_its_newest_checkpoint(demo):
     cfg, _, done = demo
+    ends = {}
     for phase, stop in STOPS.items():
         steps = [step for p, step in done if p == phase]
-        saved = stop - stop % (SFT_CHECKPOINT_EVERY if phase == "sft" else RL_CHECKPOINT_EVERY)
-        end = steps[-1]
+        saved, end = EVERY[phase], steps[-1]
         # Up to the interrupt from scratch; then from the checkpoint before it to the end, once.
         assert steps == list(range(1, stop)) + list(range(saved + 1, end + 1))
-        assert 0 < saved < stop < end, (phase, saved, stop, end)
-    assert end == cfg.rl_steps
+        assert saved < stop < end, (phase, saved, stop, end)
+        ends[phase] = end
+    assert ends["rl"] == cfg.rl_steps
 
 
 def test_tiny_main_job_runs_end_to_end(demo):
