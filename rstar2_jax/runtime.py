@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 import time
 from typing import Callable
 
@@ -99,9 +100,10 @@ class RolloutRuntime:
 
 def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Problem],
                    prompts: list[list[int]], samples: int, seed: int, first_sequence: int = 0,
-                   claim: Callable[[], int | None] | None = None, version: int = 0):
+                   claim: Callable[[], int | None] | None = None, version: int = 0,
+                   stop: threading.Event | None = None):
     """Rollouts and their rewards `[questions, samples]`; scoring starts as each one finishes.
-    `seed`, `first_sequence`, `claim` and `version` as `AgentSampler.rollout` takes them (with a claim,
+    `seed`, `first_sequence`, `claim`, `version` and `stop` as `AgentSampler.rollout` takes them (with a claim,
     the rewards of the questions it did not hand out stay 0).
 
     Returns (trajectories, rewards, rollout stats, seconds spent waiting for rewards after the
@@ -115,7 +117,8 @@ def score_rollouts(sampler: AgentSampler, verifier, params, problems: list[Probl
                 t.response_text, problems[t.prompt_index].answer)
 
     trajs, stats = sampler.rollout(params, prompts, samples, on_finish=score, seed=seed,
-                                   first_sequence=first_sequence, claim=claim, version=version)
+                                   first_sequence=first_sequence, claim=claim, version=version,
+                                   stop=stop)
     start = time.perf_counter()
     rewards = np.zeros((len(prompts), samples), np.float32)
     for (p, s), future in futures.items():

@@ -14,6 +14,7 @@ from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.config import load_config
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import load_hf
+from rstar2_jax.sampler.engine import Engine
 from rstar2_jax.train import rl
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
@@ -72,11 +73,11 @@ class Recorder:
         self.sampler_ahead = threading.Event()
         rollout, train, publish = RLLoop.rollout, RLLoop.train, rl._Pipeline.publish
 
-        def slow_rollout(loop, params, step, rng, version):
+        def slow_rollout(loop, params, step, rng, version, **kwargs):
             self.rollouts[step] = version, self.updates_done
             if self.slow == "sampler":
                 time.sleep(0.5)
-            out = rollout(loop, params, step, rng, version)
+            out = rollout(loop, params, step, rng, version, **kwargs)
             self.versions[step] = out.versions
             if step == self.k:
                 self.sampler_ahead.set()
@@ -146,10 +147,10 @@ def test_a_fixed_lag_gives_the_same_run_whichever_side_is_slow(slow_runs):
 def test_a_failing_sampler_ends_the_run_with_its_error(sft_model, monkeypatch):
     rollout = RLLoop.rollout
 
-    def failing(loop, params, step, rng, version):
+    def failing(loop, params, step, rng, version, **kwargs):
         if step == 2:
             raise RuntimeError("the sandbox went away")
-        return rollout(loop, params, step, rng, version)
+        return rollout(loop, params, step, rng, version, **kwargs)
 
     monkeypatch.setattr(RLLoop, "rollout", failing)
     with pytest.raises(RuntimeError, match="the sandbox went away") as e:
@@ -159,18 +160,42 @@ def test_a_failing_sampler_ends_the_run_with_its_error(sft_model, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
 
 
-def test_a_failing_trainer_stops_the_sampler(sft_model, monkeypatch):
-    train = RLLoop.train
+def test_a_failing_trainer_stops_the_rollout_in_flight(sft_model, monkeypatch):
+    # At k = 1 the sampler rolls out step 3 while the trainer trains step 2. The trainer fails
+    # (as on an error or a Ctrl-C) during that rollout's first decode call: the rollout ends
+    # there, not at the end of the step (minutes at scale), and the run raises the error.
+    rollout, train, decode = RLLoop.rollout, RLLoop.train, Engine.decode
+    in_flight, failed = threading.Event(), threading.Event()
+    current, calls = {}, []  # the sampler's step and stop event; step 3's decode calls
+
+    def watched_rollout(loop, params, step, rng, version, **kwargs):
+        current.update(step=step, stop=kwargs.get("stop"))
+        return rollout(loop, params, step, rng, version, **kwargs)
+
+    def watched_decode(engine, *args, **kwargs):
+        if current["step"] == 2:
+            calls.append(current["step"])
+            if len(calls) == 1:  # held until the trainer has failed and asked the sampler to stop
+                in_flight.set()
+                # (The timeouts only turn a broken pipeline's deadlock into a failure.)
+                assert failed.wait(timeout=600)
+                assert current["stop"] is None or current["stop"].wait(timeout=600)
+        return decode(engine, *args, **kwargs)
 
     def failing(loop, state, rollouts):
         if rollouts.step == 1:
+            assert in_flight.wait(timeout=600)
+            failed.set()
             raise FloatingPointError("the loss is NaN")
         return train(loop, state, rollouts)
 
+    monkeypatch.setattr(RLLoop, "rollout", watched_rollout)
     monkeypatch.setattr(RLLoop, "train", failing)
+    monkeypatch.setattr(Engine, "decode", watched_decode)
     with pytest.raises(FloatingPointError, match="the loss is NaN"):
         run_rl(_config(sft_model, "trainer_fails", 1), progress=False)
     assert [r["step"] for r in read_metrics(sft_model / "trainer_fails")] == [1]
+    assert calls == [2]  # the held call, and no decode call after the stop
     assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
 
 
@@ -211,9 +236,9 @@ def sampled_on(monkeypatch):
     seen = {}
     rollout = RLLoop.rollout
 
-    def spy(loop, params, step, rng, version):
+    def spy(loop, params, step, rng, version, **kwargs):
         seen[step] = _devices(params)
-        return rollout(loop, params, step, rng, version)
+        return rollout(loop, params, step, rng, version, **kwargs)
 
     monkeypatch.setattr(RLLoop, "rollout", spy)
     return seen

@@ -6,6 +6,7 @@ from rstar2_jax.sampler.rollout import (
     RolloutLimits,
     RolloutSettings,
     RolloutStats,
+    RolloutStopped,
     ToolCallRecord,
     ToolLimits,
     Trajectory,
@@ -14,5 +15,6 @@ from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
 __all__ = [
     "AgentSampler", "Engine", "Generation", "RolloutLimits", "RolloutSettings", "RolloutStats",
-    "SamplingParams", "ToolCallRecord", "ToolLimits", "Trajectory", "generate", "sample_tokens",
+    "RolloutStopped", "SamplingParams", "ToolCallRecord", "ToolLimits", "Trajectory", "generate",
+    "sample_tokens",
 ]

@@ -37,6 +37,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -336,6 +337,10 @@ def _cast(params, dtype):
     return jax.tree.map(cast, params)
 
 
+class RolloutStopped(Exception):
+    """`AgentSampler.rollout` ended early because its ``stop`` event was set."""
+
+
 class AgentSampler:
     """Runs agentic rollouts for batches of prompts; compiled once, reused across RL steps.
 
@@ -431,7 +436,8 @@ class AgentSampler:
     def rollout(self, params, prompts: list[list[int]], samples_per_prompt: int = 1,
                 on_finish: Callable[[Trajectory], None] | None = None, seed: int = 0,
                 first_sequence: int = 0, claim: Callable[[], int | None] | None = None,
-                version: int = 0) -> tuple[list[Trajectory], RolloutStats]:
+                version: int = 0, stop: threading.Event | None = None,
+                ) -> tuple[list[Trajectory], RolloutStats]:
         """Samples `samples_per_prompt` trajectories per prompt.
 
         `on_finish` is called with each trajectory as soon as it finishes (e.g. to start scoring
@@ -448,6 +454,11 @@ class AgentSampler:
         ``params`` are policy ``version``: each token's entry of `Trajectory.versions`. Weights
         posted with `update_weights` during the call are served from the next decode call on.
 
+        ``stop``, set from another thread, ends the call before its next decode call or tool
+        wait with `RolloutStopped` (the trajectories in flight are dropped; tool calls already
+        running finish in the sandbox, unread): the asynchronous RL loop's sampler thread
+        stops this way when the trainer stops.
+
         Returns the trajectories ordered by (prompt, sample) and timing statistics. Every tool
         session the call opened is closed when it returns or raises.
         """
@@ -458,12 +469,12 @@ class AgentSampler:
         engine = self._open_engine(params, version)
         try:
             return self._rollout(engine, prompts, samples_per_prompt, on_finish, seed,
-                                 first_sequence, claim)
+                                 first_sequence, claim, stop)
         finally:
             engine.close()
 
     def _rollout(self, engine: Engine, prompts, samples_per_prompt, on_finish, seed,
-                 first_sequence, claim) -> tuple[list[Trajectory], RolloutStats]:
+                 first_sequence, claim, stop) -> tuple[list[Trajectory], RolloutStats]:
         feeder = PromptFeeder(engine, prompts, samples_per_prompt,
                               [self.limits.max_response_tokens] * len(prompts), seed,
                               first_sequence, claim)
@@ -477,6 +488,8 @@ class AgentSampler:
 
         try:
             while not feeder.done or any(r is not None for r in rows):
+                if stop is not None and stop.is_set():
+                    raise RolloutStopped(f"stopped with {len(done)} trajectories finished")
                 for i, p, s in feeder.fill([i for i, r in enumerate(rows) if r is None]):
                     rows[i] = _Row(Trajectory(p, s, list(prompts[p])),
                                    sequence=first_sequence + p * samples_per_prompt + s)

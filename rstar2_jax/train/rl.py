@@ -51,7 +51,7 @@ from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
 from rstar2_jax.roles import ServingCopy, rollout_mesh
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
-from rstar2_jax.sampler import AgentSampler, SamplingParams, Trajectory
+from rstar2_jax.sampler import AgentSampler, RolloutStopped, SamplingParams, Trajectory
 from rstar2_jax.sampler.engine import bucket
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.checkpoint import Checkpointer
@@ -176,9 +176,11 @@ class RLLoop:
                                  "time/sampler_wait_s": metrics["time/update_s"],
                                  "time/weight_copy_s": copied - start}
 
-    def rollout(self, params, step: int, rng: jax.Array, version: int) -> StepRollouts:
+    def rollout(self, params, step: int, rng: jax.Array, version: int,
+                stop: threading.Event | None = None) -> StepRollouts:
         """The sampler's side of step ``step``: its rollouts by ``params`` (policy ``version``,
-        stamped on every token), rewards, the algorithm's selection and the batch to train on."""
+        stamped on every token), rewards, the algorithm's selection and the batch to train on.
+        ``stop``: ends the rollouts early with `RolloutStopped` (`AgentSampler.rollout`)."""
         rl = self.config.rl
         n = rl.rollouts_per_question
         indices = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
@@ -193,7 +195,7 @@ class RLLoop:
         verifier_before = self.verifier.stats()
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, params, problems, prompts, n, rollout_seed,
-            claim=claims(len(problems)), version=version)
+            claim=claims(len(problems)), version=version, stop=stop)
         verifier_after = self.verifier.stats()
         ran = _per_question(trajs, n)
         # Each process sends the others the numbers of its rollouts (the selection and the
@@ -429,8 +431,8 @@ def _pipelined(loop: RLLoop, run: Run, on_step: Callable[[int, dict], None] | No
     time is the step's ``time/weight_copy_s``. Each side's waits are its step's
     ``time/trainer_wait_s`` / ``time/sampler_wait_s``. An exception on either side ends the
     run: the sampler's is raised here once the steps it finished are trained, with a note
-    saying where it came from; the trainer's stops the sampler at its next wait (after the
-    rollout it is in).
+    saying where it came from; the trainer's (a Ctrl-C included) stops the sampler before its
+    next decode call, dropping the rollouts in flight, which a resume samples again.
     """
     start, end, since = run.step, run.end_step, time.perf_counter()
     partial = loop.config.rollout.on_weight_update != "finish"  # partial rollouts
@@ -467,11 +469,11 @@ def _sample(loop: RLLoop, pipe: _Pipeline, rng: jax.Array, start: int, end: int,
         for step in range(start, end):
             version = max(start, step - lag)
             params, waited = pipe.params(version)
-            rollouts = loop.rollout(params, step, rng, version)
+            rollouts = loop.rollout(params, step, rng, version, stop=pipe.stopped)
             del params  # the next step may serve a newer version; this one can go
             rollouts.metrics["time/sampler_wait_s"] = waited
             pipe.put(step, rollouts)
-    except _Stopped:
+    except (_Stopped, RolloutStopped):
         pass
     except BaseException as e:  # noqa: BLE001 -- handed to the trainer, which raises it
         pipe.fail(step, e)
@@ -490,7 +492,7 @@ class _Pipeline:
         self._params: dict[int, object] = {}
         self._ready: dict[int, StepRollouts] = {}
         self._failure: tuple[int, BaseException] | None = None
-        self._stopped = False
+        self.stopped = threading.Event()  # set by the trainer when it stops
 
     def publish(self, version: int, params) -> None:
         """Trainer: ``params`` are policy ``version`` (a copy, ready, that the trainer will not
@@ -504,8 +506,8 @@ class _Pipeline:
         versions. Raises _Stopped when the trainer has stopped."""
         start = time.perf_counter()
         with self._changed:
-            self._changed.wait_for(lambda: self._stopped or version in self._params)
-            if self._stopped:
+            self._changed.wait_for(lambda: self.stopped.is_set() or version in self._params)
+            if self.stopped.is_set():
                 raise _Stopped
             for old in [v for v in self._params if v < version]:
                 del self._params[old]
@@ -536,8 +538,8 @@ class _Pipeline:
             return self._ready.pop(step), time.perf_counter() - start
 
     def close(self) -> None:
-        """Trainer: it has stopped; the sampler ends at its next wait."""
+        """Trainer: it has stopped; the sampler ends at its next wait or decode call."""
         with self._changed:
-            self._stopped = True
+            self.stopped.set()
             self._params.clear()
             self._changed.notify_all()
