@@ -53,10 +53,10 @@ def test_evaluate_scores_every_sample(tmp_path):
     class MarkedSampler(AgentSampler):
         # Selects script i for problem i: the scripted policy reads the prompt's first token.
         def rollout(self, params, prompts, samples_per_prompt=1, on_finish=None, seed=0,
-                    first_sequence=0, claim=None, version=0):
+                    first_sequence=0, claim=None, version=0, stop=None):
             marked = [[markers[i]] + p for i, p in enumerate(prompts)]
             return super().rollout(params, marked, samples_per_prompt, on_finish, seed,
-                                   first_sequence, claim, version)
+                                   first_sequence, claim, version, stop)
 
     with SandboxPool(num_workers=1, timeout_s=30.0) as pool, VerifierPool(num_workers=1, timeout_s=30.0) as verifier:
         sampler = MarkedSampler(config, tokenizer, pool,
