@@ -316,7 +316,7 @@ def test_partial_rollouts_take_each_update_and_stay_within_the_bound(sft_model, 
 
 
 def test_finish_refuses_weights_mid_rollout():
-    from rstar2_jax.sampler.rollout import RolloutSettings
+    from rstar2_jax.sampler.settings import RolloutSettings
     sampler = object.__new__(rl.AgentSampler)  # the check comes before any engine is needed
     sampler.settings = RolloutSettings()
     with pytest.raises(ValueError, match="on_weight_update=finish"):

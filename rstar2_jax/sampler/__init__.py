@@ -3,15 +3,13 @@ from rstar2_jax.sampler.engine import Engine
 from rstar2_jax.sampler.generate import Generation, generate
 from rstar2_jax.sampler.rollout import (
     AgentSampler,
-    RolloutLimits,
-    RolloutSettings,
     RolloutStats,
     RolloutStopped,
     ToolCallRecord,
-    ToolLimits,
     Trajectory,
 )
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
+from rstar2_jax.sampler.settings import RolloutLimits, RolloutSettings, ToolLimits
 
 __all__ = [
     "AgentSampler", "Engine", "Generation", "RolloutLimits", "RolloutSettings", "RolloutStats",
