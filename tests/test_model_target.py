@@ -148,3 +148,18 @@ def test_the_trainers_mesh_and_the_samplers_params_name_the_target():
     params = jax.device_put(np.zeros(3), jax.devices()[5])
     with target.compiling_for_arrays({"w": params}):
         assert jax.config.jax_default_device is jax.devices()[5]
+
+
+def test_a_train_step_for_a_compile_only_target_is_made_without_running_there():
+    # The optimizer state's shardings come from a state of placeholders that optax builds
+    # eagerly: on a device this process cannot run on, that would fail.
+    from rstar2_jax.sharding import make_mesh, param_specs
+    from rstar2_jax.train.configs import OptimizerConfig
+    from rstar2_jax.train.optim import make_optimizer
+    from rstar2_jax.train.step import state_shardings
+
+    mesh = make_mesh(devices=jax.devices()[:2])
+    optimizer = make_optimizer(OptimizerConfig(), total_steps=10)
+    with target.compiling_for(H100, compile_only=True):
+        shardings = state_shardings(optimizer, PARAMS, mesh, param_specs(CONFIG, mesh))
+    assert shardings.params["embed"].mesh is mesh
