@@ -345,18 +345,24 @@ def _custom_calls(text: str) -> dict[str, int]:
     return found
 
 
+def _attention_call(cost) -> bool:
+    """A custom call that is attention: cuDNN's, or a Pallas kernel (Triton on GPUs)."""
+    return cost.target.startswith("__cudnn$fmha") or cost.target == "__gpu$xla.gpu.triton"
+
+
 def _attention_by_hand(costs, program: Program, config: ModelConfig, where: target.Target,
                        dependent) -> tuple[float, str]:
     """FLOPs of the attention the matmul count cannot see, and how they were counted: cuDNN's
     calls (the model's attention per forward call, twice that per backward call), the
     block-skipping kernel's loops (its plan), or a decode step's page loop (the model's)."""
-    calls = [c for c in costs if c.target.startswith("__cudnn$fmha")]
+    calls = [c for c in costs if _attention_call(c)]
     if calls:
         forward = sum(c.times for c in calls if "Backward" not in c.target)
         backward = sum(c.times for c in calls if "Backward" in c.target)
         per_call = program.attention_fwd / (config.num_layers * program.passes)
         return ((forward + 2 * backward) * per_call,
-                f"cuDNN attention by hand: {forward} forward, {backward} backward calls")
+                f"attention kernels by hand: {forward / program.per:.0f} forward, "
+                f"{backward / program.per:.0f} backward calls")
     if not any(c.flops and dependent(c) for c in costs):
         return 0.0, ""
     if program.segments is not None:
@@ -371,13 +377,16 @@ def _attention_by_hand(costs, program: Program, config: ModelConfig, where: targ
     return program.attention_fwd * program.per, "attention of the page loop by the model's count"
 
 
-def measure(program: Program, where: target.Target, config: ModelConfig, options: dict) -> dict:
+def measure(program: Program, where: target.Target, config: ModelConfig, options: dict,
+            show: int = 0, hlo: str | None = None) -> dict:
     """Compiles `program` for the current target and reads the figures (see the module doc)."""
     start = time.perf_counter()
     compiled = program.fn.lower(*program.args, **program.kwargs).compile(
         compiler_options=options or None)
     seconds = time.perf_counter() - start
     text = compiled.as_text()
+    if hlo:
+        Path(hlo).write_text(text)
     memory = compiled.memory_analysis()
     costs = hlo_bytes.costs(text, unknown_trips=program.per)
     own = 1 if program.per > 1 else 0  # the decode chunk's loop: `per` steps
@@ -387,9 +396,16 @@ def measure(program: Program, where: target.Target, config: ModelConfig, options
 
     hand, how = _attention_by_hand(costs, program, config, where, dependent)
     flops = sum(c.flops * c.times for c in costs if not dependent(c)) + hand
-    moved = sum(program.kv_per_layer * c.times if program.kv_per_layer and
-                c.target.startswith("__cudnn$fmha") else c.bytes * c.times for c in costs)
+    def charged(c):  # bytes per run of the program
+        # A paged decode kernel's operands are the whole pools; it reads the live keys and
+        # values (and writes its output).
+        if program.kv_per_layer and _attention_call(c):
+            return (program.kv_per_layer + c.out) * c.times
+        return c.bytes * c.times
+
+    moved = sum(map(charged, costs))
     layer = [c for c in costs if any(trips == config.num_layers for _, trips in c.loops)]
+    largest = sorted(costs, key=lambda c: -charged(c))[:show]
     return {
         "compile_s": round(seconds, 1), "note": program.note, "flops_note": how,
         "flops": flops / program.per, "model_flops": program.model_flops,
@@ -401,6 +417,7 @@ def measure(program: Program, where: target.Target, config: ModelConfig, options
         "launches_per_layer": (sum(c.times for c in layer) / program.per / config.num_layers
                                if program.per > 1 else None),
         "custom_calls": _custom_calls(text),
+        "largest": [(charged(c) / program.per, c.name, c.source) for c in largest],
     }
 
 
@@ -432,7 +449,15 @@ def report(name: str, r: dict, memory: int | None) -> str:
                      "per layer)")
     lines.append("  custom calls " + (", ".join(f"{k} x{v}" for k, v in sorted(r["custom_calls"].items()))
                                       or "none"))
+    lines += [f"    {_size(moved):>10}  {name} ({source})" for moved, name, source in r["largest"]]
     return "\n".join(lines)
+
+
+def _option(value: str):
+    """An XLA option's value as its type: a bool, an int, or the string."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return int(value) if value.lstrip("-").isdigit() else value
 
 
 def build(name: str, config: ModelConfig, args, mesh, rows: int | None = None) -> Program:
@@ -464,7 +489,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--logprob-chunk", type=int, default=256)
     parser.add_argument("--xla", nargs="*", default=[], metavar="OPTION=VALUE",
                         help="XLA compiler options, e.g. xla_gpu_enable_command_buffer=")
+    parser.add_argument("--show", type=int, default=0,
+                        help="list this many of each program's largest instructions (bytes)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--hlo", help="write each program's optimized HLO into this folder")
     args = parser.parse_args(argv)
 
     make_device, runnable = TARGETS[args.target]
@@ -472,7 +500,7 @@ def main(argv=None) -> list[dict]:
     config = MODELS[args.model]
     config = dataclasses.replace(config, dtype="bfloat16", **(
         {"num_layers": args.layers} if args.layers else {}))
-    options = dict(option.split("=", 1) for option in args.xla)
+    options = {key: _option(value) for key, value in (o.split("=", 1) for o in args.xla)}
     memory = device_memory(args.target)
     mesh = Mesh(np.array([device]).reshape(1, 1), ("fsdp", "tp"))
     print(f"target {args.target}: {device.device_kind}; jax {jax.__version__}; model "
@@ -486,7 +514,9 @@ def main(argv=None) -> list[dict]:
                   _cudnn_asks_the_target(where)):
                 program = build(name, config, args, mesh, rows)
                 result = measure(program, where, config if name not in ("update", "old-logprobs")
-                                 else dataclasses.replace(config, dtype="float32"), options)
+                                 else dataclasses.replace(config, dtype="float32"), options,
+                                 args.show, args.hlo and f"{args.hlo}/{args.target}_{name}"
+                                 + (f"_{rows}" if rows else "") + ".hlo")
             label = f"{name}" + (f" {rows} rows" if rows else "")
             print(report(label, result, memory), flush=True)
             results.append({"target": args.target, "model": args.model, "layers": config.num_layers,

@@ -135,13 +135,13 @@ def _gathered_decode():
     """The gathered decode program while a step is traced (see the module docstring)."""
     from rstar2_jax.model import cache
 
-    in_pages, by_cudnn = cache.decode_in_pages, cache.decode_by_cudnn
+    in_pages, kernel = cache.decode_in_pages, cache.paged_decode_kernel
     cache.decode_in_pages = lambda: False
-    cache.decode_by_cudnn = lambda *_: False
+    cache.paged_decode_kernel = lambda *_: None
     try:
         yield
     finally:
-        cache.decode_in_pages, cache.decode_by_cudnn = in_pages, by_cudnn
+        cache.decode_in_pages, cache.paged_decode_kernel = in_pages, kernel
 
 
 def decode_step_cost(config: ModelConfig, batch: int, context: int, page_size: int = 32) -> dict:
