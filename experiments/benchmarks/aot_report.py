@@ -155,6 +155,7 @@ class Program:
     kwargs: dict
     model_flops: float  # per unit (decode: per step; else per call)
     base_bytes: int  # what it must hold: params (+ page pools, + optimizer state)
+    computed_flops: float | None = None  # the model's count on every token computed (padding too)
     least_bytes: float | None = None  # what it must move, per unit
     per: int = 1  # units per call (decode: the chunk's steps, the loop it runs them in)
     attention_fwd: float = 0.0  # forward attention FLOPs per unit, as the model counts them
@@ -286,17 +287,19 @@ def update_program(config: ModelConfig, args, mesh) -> Program:
     loss = functools.partial(rl_loss, model_config=policy.compute_config(master), config=rl)
     step = make_train_step(loss, OPTIMIZER, micro_batches=args.micro_batches, mesh=mesh,
                            param_specs=specs, params=params)
-    tokens = int(np.sum(lengths))
+    tokens, computed = int(np.sum(lengths)), packed["inputs"].size
     attention = attention_flops(master, lengths)
     # Attention's forward runs again in the backward under either policy (`run_decoder` saves
     # only the projections' outputs, or nothing with remat).
     return Program(step, (state, batch), {}, model_flops=6 * matmul_params(master) * tokens + attention,
+                   computed_flops=6 * matmul_params(master) * computed + attention,
                    base_bytes=_tree_bytes(state) + _tree_bytes(params),  # + float32 gradients
                    attention_fwd=attention / 3, passes=args.micro_batches,
                    segments=packed["segment_lengths"], forwards=2, backwards=1,
                    note=f"{args.preset}: {len(lengths)} sequences, {tokens:,} tokens in "
-                        f"{packed['inputs'].shape[0]} rows of {packed['inputs'].shape[1] + 1}, "
-                        f"{args.micro_batches} micro-batches, remat {args.remat}")
+                        f"{packed['inputs'].shape[0]} rows of {packed['inputs'].shape[1] + 1} "
+                        f"(padding {1 - tokens / computed:.0%}), {args.micro_batches} "
+                        f"micro-batches, remat {args.remat}")
 
 
 def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
@@ -317,6 +320,7 @@ def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     tokens = int(np.sum(lengths))
     attention = attention_flops(master, lengths) / 3  # the forward alone
     return Program(fn, (params, shifted), {}, model_flops=2 * matmul_params(master) * tokens + attention,
+                   computed_flops=2 * matmul_params(master) * packed["inputs"].size + attention,
                    base_bytes=_tree_bytes(params), attention_fwd=attention,
                    passes=args.micro_batches, segments=packed["segment_lengths"],
                    note="the update's batch, forward only")
@@ -369,7 +373,9 @@ def _attention_by_hand(costs, program: Program, config: ModelConfig, where: targ
         block = packed_attention._BLOCK
         group = packed_attention._GROUP if where.accelerator else 1
         t = program.args[-1]["inputs"].shape[1]
-        forward, backward = packed_attention.packed_block_visits(program.segments, t, block, group)
+        with jax.default_device(jax.devices("cpu")[0]):  # the plan is counted on the host
+            forward, backward = packed_attention.packed_block_visits(program.segments, t, block,
+                                                                     group)
         per_matmul = 2 * block**2 * config.head_dim * config.num_heads * config.num_layers
         return ((forward * 2 * program.forwards + backward * 5 * program.backwards) * per_matmul,
                 f"block-skipping attention by its plan: {forward:,} forward, {backward:,} "
@@ -409,6 +415,7 @@ def measure(program: Program, where: target.Target, config: ModelConfig, options
     return {
         "compile_s": round(seconds, 1), "note": program.note, "flops_note": how,
         "flops": flops / program.per, "model_flops": program.model_flops,
+        "computed_flops": program.computed_flops,
         "bytes": moved / program.per, "least_bytes": program.least_bytes,
         "bytes_note": "data-dependent loops counted once" if any(map(dependent, costs)) else "",
         "peak_bytes": memory.peak_memory_in_bytes, "temp_bytes": memory.temp_size_in_bytes,
@@ -437,7 +444,10 @@ def _ratio(a, b) -> str:
 def report(name: str, r: dict, memory: int | None) -> str:
     lines = [f"{name}: {r['note']}; compile {r['compile_s']:.1f} s",
              f"  flops  {_size(r['flops'], 'FLOP')} = {_ratio(r['flops'], r['model_flops'])} the "
-             f"model's {_size(r['model_flops'], 'FLOP')}" + (f" ({r['flops_note']})" if r['flops_note'] else ""),
+             f"model's {_size(r['model_flops'], 'FLOP')}"
+             + (f", {_ratio(r['flops'], r['computed_flops'])} its count on every token computed"
+                if r["computed_flops"] else "")
+             + (f" ({r['flops_note']})" if r['flops_note'] else ""),
              f"  bytes  {_size(r['bytes'])}" + (f" = {_ratio(r['bytes'], r['least_bytes'])} the least "
                                                f"{_size(r['least_bytes'])}" if r['least_bytes'] else "")
              + (f" ({r['bytes_note']})" if r['bytes_note'] else ""),
