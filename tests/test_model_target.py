@@ -142,7 +142,7 @@ def test_a_device_this_process_cannot_run_on_needs_compile_only():
 
 
 def test_the_trainers_mesh_and_the_samplers_params_name_the_target():
-    from rstar2_jax.sharding import make_mesh
+    from rstar2_jax.parallel.sharding import make_mesh
 
     mesh = make_mesh(devices=jax.devices()[4:6])
     with target.compiling_for_mesh(mesh) as where:
@@ -156,7 +156,7 @@ def test_the_trainers_mesh_and_the_samplers_params_name_the_target():
 def test_a_train_step_for_a_compile_only_target_is_made_without_running_there():
     # The optimizer state's shardings come from a state of placeholders that optax builds
     # eagerly: on a device this process cannot run on, that would fail.
-    from rstar2_jax.sharding import make_mesh, param_specs
+    from rstar2_jax.parallel.sharding import make_mesh, param_specs
     from rstar2_jax.train.configs import OptimizerConfig
     from rstar2_jax.train.optim import make_optimizer
     from rstar2_jax.train.step import state_shardings

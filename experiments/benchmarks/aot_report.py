@@ -270,7 +270,7 @@ def _update_config(config: ModelConfig, args) -> tuple[ModelConfig, PrecisionCon
 
 
 def update_program(config: ModelConfig, args, mesh) -> Program:
-    from rstar2_jax.sharding import batch_spec, param_specs
+    from rstar2_jax.parallel.sharding import batch_spec, param_specs
     from rstar2_jax.train.rl_update import rl_loss
     from rstar2_jax.train.step import TrainState, make_train_step, state_shardings
 
@@ -303,7 +303,7 @@ def update_program(config: ModelConfig, args, mesh) -> Program:
 
 
 def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
-    from rstar2_jax.sharding import batch_spec, param_specs
+    from rstar2_jax.parallel.sharding import batch_spec, param_specs
     from rstar2_jax.train.rl_update import _old_logprobs
 
     master, policy, rl = _update_config(config, args)
@@ -327,7 +327,7 @@ def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
 
 
 def serving_copy_program(config: ModelConfig, args, mesh) -> Program:
-    from rstar2_jax.roles import ServingCopy
+    from rstar2_jax.parallel.roles import ServingCopy
 
     master = dataclasses.replace(config, dtype="float32")
     params = _abstract_params(master, jnp.float32, NamedSharding(mesh, P()))
