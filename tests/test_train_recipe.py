@@ -10,8 +10,8 @@ import pytest
 from rstar2_jax.config import load_config
 from rstar2_jax.model import ModelConfig, init_params, load_hf, save_hf
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
-from rstar2_jax.train.rl import reference_params
-from rstar2_jax.train.rl_update import RLUpdate
+from rstar2_jax.rl.loop import reference_params
+from rstar2_jax.rl.update import RLUpdate
 from rstar2_jax.train.run import start_run
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
@@ -86,7 +86,7 @@ def test_each_paper_stage_runs_one_rl_step(tmp_path, stage):
     from rstar2_jax.data.datasets import Problem, save_problems
     from rstar2_jax.toy.tokenizer import build_tokenizer
     from rstar2_jax.train.metrics import read_metrics
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     problems = [Problem(f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
     save_problems(tmp_path / "problems.jsonl", problems)

@@ -66,7 +66,7 @@ def worker(args) -> None:
     from rstar2_jax.toy.demo import rl_config
     from rstar2_jax.train.configs import MeshConfig
     from rstar2_jax.train.metrics import read_metrics
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     processes, devices, rollout = layout(args.layout)
     cfg = tiny_config(args.out, args.steps)

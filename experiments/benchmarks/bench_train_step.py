@@ -41,8 +41,8 @@ from rstar2_jax.model import ModelConfig, param_shapes
 from rstar2_jax.model.params import init_params
 from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
 from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train.rl_update import rl_loss
-from rstar2_jax.train.scale_plan import PRESETS
+from rstar2_jax.rl.update import rl_loss
+from rstar2_jax.rl.scale_plan import PRESETS
 from rstar2_jax.train.step import TrainState, make_train_step
 
 MODELS = {

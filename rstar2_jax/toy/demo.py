@@ -33,7 +33,7 @@ from rstar2_jax.algorithms import Algorithm
 from rstar2_jax.compile_cache import CompileCounter, CompileStats
 from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.evaluate import EvalReport, sample_problems, write_samples
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 from rstar2_jax.toy.format import TOY_FORMAT
@@ -336,7 +336,7 @@ def train_rl_policy(cfg: DemoConfig, name: str, runtime: RolloutRuntime, *,
     policy's directory ``<out>/<name>_model``."""
     from transformers import AutoTokenizer
 
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     out = Path(cfg.out)
     run_rl(rl_config(cfg, out, name), algorithm=algorithm, runtime=runtime, progress=progress)

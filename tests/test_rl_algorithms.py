@@ -10,12 +10,12 @@ from rstar2_jax.algorithms import ALGORITHMS
 from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
 from rstar2_jax.model import load_hf
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.sampler import SamplingParams
-from rstar2_jax.train import rl as rl_module
+from rstar2_jax.rl import loop as rl_module
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.rl import run_rl
+from rstar2_jax.rl.loop import run_rl
 
 # One step of 2 questions x 8 rollouts (G = 4, the least the released RoC rule takes), short
 # responses.

@@ -52,10 +52,10 @@ from rstar2_jax.algorithms import (
     resolve_algorithm,
 )
 from rstar2_jax.algorithms.algorithm import LossFn
-from rstar2_jax.errors import ConfigError
+from rstar2_jax.errors import ConfigError, MismatchError
 from rstar2_jax.model import ModelConfig, token_logprobs
 from rstar2_jax.parallel.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
-from rstar2_jax.train.configs import RLConfig
+from rstar2_jax.train.configs import RLConfig, RLJobConfig
 from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
 from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction
 
@@ -334,3 +334,28 @@ def _combine(per_update: list[dict]) -> dict[str, float]:
         how = metric_reduction(k)
         out[k] = {"max": max, "min": min}[how](values) if how != "mean" else float(np.dot(values, counts) / total)
     return out
+
+
+def mismatch_check(config: RLJobConfig) -> Callable[[dict[str, float]], None]:
+    """The first update's ``check`` (`RLUpdate.__call__`): stops the run (MismatchError) when
+    the sampler's and the trainer's log-probs of its tokens disagree beyond
+    ``rl.first_step_gap_limit``."""
+
+    def check(stats: dict[str, float]) -> None:
+        limit, gap = config.rl.first_step_gap_limit, stats["logprob_mismatch/log_ppl_abs_diff"]
+        if limit is None or gap <= limit:
+            return
+        rl, rollout = config.rl, config.rollout
+        raise MismatchError(
+            f"the sampler and the trainer disagree on the first update's tokens: their "
+            f"log-perplexities differ by {gap:.3g} nats per token (mean over sequences) > "
+            f"rl.first_step_gap_limit={limit:g} (KL(sampler || trainer) "
+            f"{stats['logprob_mismatch/kl']:.3g}, token ratio trainer/sampler from "
+            f"{stats['logprob_mismatch/ratio_min']:.3g} to {stats['logprob_mismatch/ratio_max']:.3g}); "
+            f"likely causes: the sampler drew at another temperature than the "
+            f"rl.temperature={rl.temperature:g} the trainer divides by, it served other weights "
+            f"than the trainer's (another checkpoint), or rollout.serving_dtype="
+            f"{rollout.serving_dtype} is too coarse for this model; raise rl.first_step_gap_limit, "
+            f"or set it to null, if the gap is expected")
+
+    return check

@@ -83,7 +83,7 @@ def plan(config: ScalePlanConfig) -> dict:
     from rstar2_jax.parallel.sharding import batch_spec, make_mesh, param_specs
     from rstar2_jax.train.configs import OptimizerConfig, RLConfig
     from rstar2_jax.train.optim import make_optimizer
-    from rstar2_jax.train.rl_update import rl_loss
+    from rstar2_jax.rl.update import rl_loss
     from rstar2_jax.train.step import TrainState, make_train_step, state_shardings
 
     model = PRESETS[config.model]
@@ -130,7 +130,7 @@ def run_in_subprocess(config: ScalePlanConfig) -> dict:
     env = os.environ | {"JAX_PLATFORMS": "cpu",
                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={config.devices}"}
     args = [f"{k}={v}" for k, v in dataclasses.asdict(config).items()]
-    proc = subprocess.run([sys.executable, "-m", "rstar2_jax.train.scale_plan", *args], env=env,
+    proc = subprocess.run([sys.executable, "-m", "rstar2_jax.rl.scale_plan", *args], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"scale plan failed:\n{proc.stderr[-4000:]}")

@@ -15,9 +15,9 @@ from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.configs import OptimizerConfig, RLConfig
 from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train import rl_update
+from rstar2_jax.rl import update as rl_update
 from rstar2_jax.train.packing import PackShapes
-from rstar2_jax.train.rl_update import RLUpdate
+from rstar2_jax.rl.update import RLUpdate
 from rstar2_jax.train.step import init_train_state, make_train_step
 
 MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -270,7 +270,7 @@ def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one()
 
 
 def test_mini_batch_metrics_combine_by_the_step_rule():
-    from rstar2_jax.train.rl_update import _combine
+    from rstar2_jax.rl.update import _combine
 
     updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0},
                {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0}]

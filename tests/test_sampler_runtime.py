@@ -3,10 +3,10 @@ import pytest
 
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings, SamplingParams, ToolLimits
 from rstar2_jax.train.configs import ModelSource, RLJobConfig, StageConfig
-from rstar2_jax.train.rl import run_rl
+from rstar2_jax.rl.loop import run_rl
 
 SETTINGS = RolloutSettings(num_slots=2, sandbox_workers=1, tool_timeout_s=30.0, verifier_timeout_s=30.0)
 MODEL = ModelConfig(model_type="qwen3", vocab_size=16, hidden_size=8, intermediate_size=8,
