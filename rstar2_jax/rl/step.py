@@ -16,7 +16,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, Rollouts
