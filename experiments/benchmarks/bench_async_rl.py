@@ -125,7 +125,7 @@ def main() -> None:
         from rstar2_jax.toy.demo import DemoConfig, train_sft_policy
 
         tiny = DemoConfig.tiny(args.out)
-        with SandboxPool(num_workers=1, timeout_s=tiny.rollout.tool_timeout_s) as sandbox:
+        with SandboxPool(num_workers=1, timeout_s=tiny.rollout.sandbox.timeout_s) as sandbox:
             train_sft_policy(tiny, sandbox, progress=False)
     header = ("| layout | k | step s | rollout s | update s | weight copy s | trainer idle s (share) "
               "| sampler idle s (share) | staleness max | reward mean (all steps) |")
