@@ -88,3 +88,11 @@ def test_first_step_guard_stops_a_sampler_at_another_temperature(sft_model, caps
                                      "rl.first_step_gap_limit=null")]) == 0
     [record] = read_metrics(d / "run_unguarded")
     assert record["logprob_mismatch/log_ppl_abs_diff"] == pytest.approx(gap, rel=1e-2)
+
+
+def test_a_run_given_an_algorithm_by_value_records_its_name(sft_model, runtime, monkeypatch):
+    config = load_config(RLJobConfig, overrides=rl_overrides(sft_model, "by_value", 1, *SMALL))
+    ran = []
+    monkeypatch.setattr(rl_module, "_run_rl", lambda config, algorithm, *rest: ran.append(config))
+    run_rl(config, algorithm=ALGORITHMS["gspo"], runtime=runtime)
+    assert config.rl.algorithm == "grpo_roc" and ran[0].rl.algorithm == "gspo"

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss, regularized
+from rstar2_jax.algorithms import (ALGORITHMS, GRPO_ROC, RolloutCorrection, gspo_loss, policy_loss,
+                                   regularized)
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
@@ -175,7 +176,8 @@ def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
     specs = param_specs(MODEL, mesh)
     params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
     state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
-    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params)
+    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params,
+                      loss=GRPO_ROC.loss)
     with pytest.raises(RuntimeError, match="stop"):
         update(state, batch, check=check)
     [stats] = seen

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from rstar2_jax import chat
-from rstar2_jax.algorithms import Algorithm, resolve_algorithm
+from rstar2_jax.algorithms import Algorithm, algorithm_spec, resolve_algorithm
 from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import load_hf
@@ -77,7 +77,9 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     """Runs one RL stage (`config.stage`), resuming from `run_dir` when it has a checkpoint.
 
     `algorithm` is the RL algorithm to train with; without one, the one `config.rl.algorithm`
-    names. It is checked on a tiny made-up step before anything starts. `runtime` runs the
+    names. Given by value, the config the run saves names it (`algorithm_spec`: its registry
+    name or import path) in place of ``rl.algorithm``. It is checked on a tiny made-up step
+    before anything starts. `runtime` runs the
     rollouts (a job with several phases passes the one it has entered; its settings must be
     `config.rollout`); without one the stage starts its own. `on_step(step, metrics)` is called
     after each step is logged. Returns the final state.
@@ -100,6 +102,12 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
                           f"evenly over the run's {jax.process_count()} processes")
     if algorithm is None:
         algorithm = resolve_algorithm(config.rl.algorithm)
+    elif (spec := algorithm_spec(algorithm)) is not None:
+        config = dataclasses.replace(config, rl=dataclasses.replace(config.rl, algorithm=spec))
+    else:
+        log.warning("the algorithm given to run_rl has no name to record (not in the registry, "
+                    "no module-level name): the run's saved config keeps rl.algorithm=%s, which "
+                    "is not what trains", config.rl.algorithm)
     # The loss as the update will train with it: with the run's entropy bonus and KL penalty.
     check_algorithm(dataclasses.replace(algorithm, loss=train_loss(algorithm.loss, config.rl)),
                     config.rl.rollouts_per_question, config.rl.group_size,

@@ -83,6 +83,7 @@ def plan(config: ScalePlanConfig) -> dict:
     from rstar2_jax.parallel.sharding import batch_spec, make_mesh, param_specs
     from rstar2_jax.train.configs import OptimizerConfig, RLConfig
     from rstar2_jax.train.optim import make_optimizer
+    from rstar2_jax.algorithms import GRPO_ROC
     from rstar2_jax.rl.update import rl_loss
     from rstar2_jax.train.step import TrainState, make_train_step, state_shardings
 
@@ -106,7 +107,7 @@ def plan(config: ScalePlanConfig) -> dict:
              "attention_mask": spec((rows, seq), jnp.int32), "mask": spec((rows, seq), jnp.bool_),
              "advantages": spec((rows,), jnp.float32), "old_logp": spec((rows, seq), jnp.float32)}
     rl = RLConfig(remat=config.remat, logprob_chunk=config.logprob_chunk)
-    loss = functools.partial(rl_loss, model_config=model, config=rl)
+    loss = functools.partial(rl_loss, model_config=model, config=rl, loss=GRPO_ROC.loss)
     step = make_train_step(loss, optimizer, mesh=mesh, param_specs=specs, params=params)
     compiled = step.lower(abstract, batch).compile()
     memory = compiled.memory_analysis()
