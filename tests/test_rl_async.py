@@ -14,6 +14,7 @@ from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.config import load_config
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import load_hf
+from rstar2_jax.sampler import AgentSampler
 from rstar2_jax.sampler.engine import Engine
 from rstar2_jax.rl import loop as rl
 from rstar2_jax.train.configs import RLJobConfig
@@ -300,13 +301,13 @@ def test_partial_rollouts_take_each_update_and_stay_within_the_bound(sft_model, 
     # so rollouts in flight go on with them; a token is never older than the bound allows and
     # never newer than the updates done.
     posted = []
-    post = rl.AgentSampler.update_weights
+    post = AgentSampler.update_weights
 
     def record(sampler, params, version):
         posted.append(version)
         post(sampler, params, version)
 
-    monkeypatch.setattr(rl.AgentSampler, "update_weights", record)
+    monkeypatch.setattr(AgentSampler, "update_weights", record)
     state = run_rl(_config(sft_model, "partial", 1, STEPS, "rollout.on_weight_update=keep"),
                    progress=False)
     assert posted == list(range(1, STEPS))
@@ -318,7 +319,7 @@ def test_partial_rollouts_take_each_update_and_stay_within_the_bound(sft_model, 
 
 def test_finish_refuses_weights_mid_rollout():
     from rstar2_jax.sampler.settings import RolloutSettings
-    sampler = object.__new__(rl.AgentSampler)  # the check comes before any engine is needed
+    sampler = object.__new__(AgentSampler)  # the check comes before any engine is needed
     sampler.settings = RolloutSettings()
     with pytest.raises(ValueError, match="on_weight_update=finish"):
         sampler.update_weights({}, 1)
