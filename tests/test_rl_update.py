@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax.algorithms import (ALGORITHMS, GRPO_ROC, RolloutCorrection, gspo_loss, policy_loss,
-                                   regularized)
+                                   regularized, resolve_algorithm)
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
@@ -47,7 +47,9 @@ def _batch(rows, seed=0, sampler_offset=0.0):
 
 
 def _update(batch, mesh, steps=1, lr=3e-2, loss=None, eps=1e-8, **rl):
+    """``steps`` updates with ``loss``, by default the loss of the algorithm ``rl`` names."""
     config = RLConfig(**rl)
+    loss = resolve_algorithm(config.algorithm).loss if loss is None else loss
     opt = make_optimizer(OptimizerConfig(lr=lr, warmup_steps=1, eps=eps), total_steps=10)
     specs = param_specs(MODEL, mesh)
     params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
@@ -343,6 +345,7 @@ def _reference_update(batch, reference, **rl):
     params = shard_params(init, MODEL, mesh)
     state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
     update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params,
+                      loss=resolve_algorithm(config.algorithm).loss,
                       reference=shard_params(moved, MODEL, mesh))
     return update(state, batch)
 
