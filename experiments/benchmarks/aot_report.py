@@ -82,7 +82,7 @@ from rstar2_jax.sampler.engine import (PREFILL_ROWS, PREFILL_WIDTH, bucket, deco
                                        prefill, table_width)
 from rstar2_jax.sampler.sampling import SamplingParams  # noqa: E402
 from rstar2_jax.train.configs import PrecisionConfig, RLConfig  # noqa: E402
-from rstar2_jax.train.scale_plan import PRESETS  # noqa: E402
+from rstar2_jax.rl.scale_plan import PRESETS  # noqa: E402
 
 AOT = Path(__file__).parent / "aot"
 MODELS = DECODE_MODELS | PRESETS
@@ -271,7 +271,8 @@ def _update_config(config: ModelConfig, args) -> tuple[ModelConfig, PrecisionCon
 
 def update_program(config: ModelConfig, args, mesh) -> Program:
     from rstar2_jax.parallel.sharding import batch_spec, param_specs
-    from rstar2_jax.train.rl_update import rl_loss
+    from rstar2_jax.algorithms import GRPO_ROC
+    from rstar2_jax.rl.update import rl_loss
     from rstar2_jax.train.step import TrainState, make_train_step, state_shardings
 
     master, policy, rl = _update_config(config, args)
@@ -284,7 +285,8 @@ def update_program(config: ModelConfig, args, mesh) -> Program:
     packed, lengths = _packed_batch(master, args)
     rows = NamedSharding(mesh, batch_spec())
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows) for k, v in packed.items()}
-    loss = functools.partial(rl_loss, model_config=policy.compute_config(master), config=rl)
+    loss = functools.partial(rl_loss, model_config=policy.compute_config(master), config=rl,
+                             loss=GRPO_ROC.loss)
     step = make_train_step(loss, OPTIMIZER, micro_batches=args.micro_batches, mesh=mesh,
                            param_specs=specs, params=params)
     tokens, computed = int(np.sum(lengths)), packed["inputs"].size
@@ -304,7 +306,7 @@ def update_program(config: ModelConfig, args, mesh) -> Program:
 
 def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     from rstar2_jax.parallel.sharding import batch_spec, param_specs
-    from rstar2_jax.train.rl_update import _old_logprobs
+    from rstar2_jax.rl.update import _old_logprobs
 
     master, policy, rl = _update_config(config, args)
     specs = param_specs(master, mesh)

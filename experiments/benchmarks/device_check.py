@@ -71,7 +71,7 @@ def write_rl_setup(directory: Path, smoke: bool) -> None:
     from rstar2_jax import chat
     from rstar2_jax.data.datasets import Problem, save_problems
     from rstar2_jax.model import init_params, save_hf
-    from rstar2_jax.train.scale_plan import PRESETS
+    from rstar2_jax.rl.scale_plan import PRESETS
 
     problems = [Problem(f"What is {a} times {b}, plus {a}?", str(a * b + a))
                 for a, b in ((3, 7), (12, 5), (9, 9), (21, 4), (6, 13), (8, 17), (15, 15), (4, 25))]

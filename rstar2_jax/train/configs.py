@@ -233,7 +233,7 @@ class RLConfig:
 
     ``max_staleness`` (k): the rollouts of step s are sampled by the policy after update
     s - k (at most k updates old) while the trainer updates on earlier steps' rollouts
-    (`rstar2_jax.train.rl`, docs/algorithms.md "Asynchronous RL"); 0, the default, is the
+    (`rstar2_jax.rl.loop`, docs/algorithms.md "Asynchronous RL"); 0, the default, is the
     synchronous loop: each step's rollouts come from the params it trains. On several
     processes it needs ``mesh.rollout_devices`` > 0.
     """
