@@ -1,4 +1,6 @@
-"""SFT: masked loss, data handling, and a run that is killed and resumed to the same result."""
+"""SFT: masked loss, data handling, a run that is killed and resumed to the same result, and a
+resume with another model refused."""
+import dataclasses
 import json
 import os
 import signal
@@ -11,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
-from rstar2_jax.model import init_params, token_logprobs
+from rstar2_jax.model import init_params, save_hf, token_logprobs
 from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import OptimizerConfig, SFTConfig
@@ -194,3 +197,28 @@ def test_killed_and_resumed_run_matches_uninterrupted(setup):
     assert [r["step"] for r in resumed_metrics] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(_comparable(full_metrics), _comparable(resumed_metrics)):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+
+
+def test_a_resume_with_another_model_stops_in_one_line_and_changes_nothing(setup, tmp_path, capsys):
+    """Issue 51: rerunning a run_dir with model.path at a model of another shape took orbax's
+    shape error for damage, moved every checkpoint to corrupt-N, emptied metrics.jsonl and
+    started over from the new model."""
+    d, tokenizer, config = setup
+    run = [f"model.path={d}/model", "model.chat_format=toy", f"data={d}/sft.jsonl",
+           f"run_dir={tmp_path}/run", "seq_len=256", "batch_size=4", "epochs=1",
+           "optimizer.warmup_steps=0", "mesh.fsdp=1", "checkpoint.every=1"]
+    assert main(["sft", *run]) == 0
+    capsys.readouterr()
+    wider = dataclasses.replace(config, hidden_size=48)
+    save_hf(tmp_path / "wide", wider, init_params(wider, jax.random.key(0)))
+    tokenizer.save_pretrained(tmp_path / "wide")
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["1", "2"]
+
+    assert main(["sft", *run, f"model.path={tmp_path}/wide"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: checkpoint step 2 in {tmp_path}/run/checkpoints holds a run of another "
+                   f"model: hidden_size=32 (model.path={d}/model), and this job's model.path="
+                   f"{tmp_path}/wide has hidden_size=48: point model.path at the model the run was "
+                   f"trained from, or give this job a new run_dir")
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before

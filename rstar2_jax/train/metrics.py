@@ -87,7 +87,11 @@ def _truncate_after(path: Path, step: int) -> None:
     lines = path.read_text().splitlines(keepends=True)
     # A killed writer can leave a partial last line; it belongs to a step being redone.
     kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
-    path.write_text("".join(kept))
+    if kept != lines:
+        # Whole or not at all, should the process be killed meanwhile.
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(kept))
+        partial.replace(path)
 
 
 class PhaseTimer:

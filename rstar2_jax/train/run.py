@@ -11,6 +11,9 @@ A run starts, in this order of preference, from (1) the newest readable checkpoi
 previous stage of a staged recipe: params, and the optimizer state unless
 ``reset_optimizer``; the step count continues), (3) the Hugging Face checkpoint
 ``model.path``, its weights loaded in the dtype of ``precision.params`` (the master weights).
+Checkpoints of (1) must be of the same kind of job and model, those of (2) of the same model
+(`rstar2_jax.train.checkpoint.RunFingerprint`); the metrics file is cut back to the resumed
+step only once the restore has succeeded.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from rstar2_jax.config import config_to_dict
 from rstar2_jax.model import ModelConfig, load_hf
 from rstar2_jax.parallel.roles import split_devices
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
-from rstar2_jax.train.checkpoint import Checkpointer
+from rstar2_jax.train.checkpoint import Checkpointer, RunFingerprint
 from rstar2_jax.train.configs import (
     CheckpointConfig,
     MeshConfig,
@@ -63,6 +66,7 @@ class Run:
     checkpointer: Checkpointer
     logger: MetricsLogger | None  # process 0's; the others write nothing
     job_config: dict
+    job: str  # the job config's class, recorded in each checkpoint
 
     @property
     def step(self) -> int:
@@ -78,7 +82,7 @@ class Run:
             self.logger.log(step, metrics)
         if self.checkpointer.due(step) or step == self.end_step:
             self.checkpointer.save(state, rng=rng, model_config=self.model_config,
-                                   job_config=self.job_config,
+                                   job_config=self.job_config, job=self.job,
                                    data_position={"start_step": self.start_step, "data": data_position})
 
     def close(self) -> None:
@@ -114,7 +118,8 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     rng, data_position, start_step = jax.random.key(seed), None, 0
 
     checkpointer = Checkpointer(run_dir / "checkpoints", checkpoint)
-    restored = checkpointer.restore_latest(state)
+    job = type(job_config).__name__
+    restored = checkpointer.restore_latest(state, expect=RunFingerprint(job, model_config, model.path))
     if restored is not None:
         _warn_config_changes(restored.job_config, job_dict)
         state, rng = restored.state, restored.rng
@@ -123,13 +128,12 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
         log.info("resuming %s at step %d", run_dir, int(state.step))
     elif init_from is not None:
         previous = Checkpointer(Path(init_from) / "checkpoints")
-        restored = previous.restore_latest(state, params_only=reset_optimizer)
+        # The previous stage may be another kind of job (an SFT run); its model must be this one.
+        restored = previous.restore_latest(state, params_only=reset_optimizer,
+                                           expect=RunFingerprint(None, model_config, model.path))
         previous.close()
         if restored is None:
             raise FileNotFoundError(f"init_from={init_from!r} has no readable checkpoint")
-        if restored.model_config != model_config:
-            raise ValueError(f"init_from={init_from!r} holds a {restored.model_config}, but "
-                             f"model.path={model.path!r} is a {model_config}")
         state = restored.state._replace(opt_state=state.opt_state) if reset_optimizer else restored.state
         start_step = int(state.step)
         log.info("starting from %s at step %d%s", init_from, start_step,
@@ -140,7 +144,7 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
                                total_steps=start_step + total_steps, progress=progress)
     return Run(run_dir, mesh_, model_config, precision.compute_config(model_config), specs, opt,
                state, rng, data_position, start_step, start_step + total_steps, checkpointer,
-               logger, job_dict)
+               logger, job_dict, job)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
