@@ -138,10 +138,17 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Save every ``every`` steps and at the end of the job; keep the newest ``keep``."""
+    """Save every ``every`` steps and at the end of the job; keep the newest ``keep``.
+
+    ``save_signal``: on this signal the run finishes the step in flight, saves it at once
+    (whether or not a save is due) and stops, for a scheduler that warns ahead of the end of a
+    job (SLURM's ``--signal=USR1@300``: docs/checkpoints.md). Without it, SIGTERM and SIGHUP
+    stop a job as Ctrl-C does: the step in flight is dropped, the newest saved step stays.
+    """
 
     every: int = 10
     keep: int = 3
+    save_signal: Literal["USR1", "USR2", "TERM", "HUP"] | None = None
 
     def __post_init__(self):
         _check(self.every >= 1, f"checkpoint.every must be >= 1, got {self.every}")

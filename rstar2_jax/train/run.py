@@ -29,6 +29,7 @@ from rstar2_jax.config import config_to_dict
 from rstar2_jax.model import ModelConfig, load_hf
 from rstar2_jax.parallel.roles import split_devices
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
+from rstar2_jax.signals import SaveSignal, Stopped
 from rstar2_jax.train.checkpoint import Checkpointer, RunFingerprint
 from rstar2_jax.train.configs import (
     CheckpointConfig,
@@ -67,6 +68,7 @@ class Run:
     logger: MetricsLogger | None  # process 0's; the others write nothing
     job_config: dict
     job: str  # the job config's class, recorded in each checkpoint
+    save_signal: SaveSignal | None  # checkpoint.save_signal's
 
     @property
     def step(self) -> int:
@@ -75,21 +77,30 @@ class Run:
     def finish_step(self, state: TrainState, metrics: dict[str, float], *, rng: jax.Array,
                     data_position: Any) -> None:
         """Records the step just done: metrics (process 0 writes them), then a checkpoint (every
-        process writes its shards) if due or at the last step."""
+        process writes its shards) if due, at the last step, or when ``checkpoint.save_signal``
+        came; after the last, raises `Stopped`."""
         self.state, self.rng, self.data_position = state, rng, data_position
         step = int(state.step)
         if self.logger is not None:
             self.logger.log(step, metrics)
-        if self.checkpointer.due(step) or step == self.end_step:
+        stop = self.save_signal is not None and step < self.end_step and self.save_signal.received()
+        if self.checkpointer.due(step) or step == self.end_step or stop:
             self.checkpointer.save(state, rng=rng, model_config=self.model_config,
                                    job_config=self.job_config, job=self.job,
                                    data_position={"start_step": self.start_step, "data": data_position})
+        if stop:
+            raise Stopped(self.save_signal.signum)
 
     def close(self) -> None:
-        self.checkpointer.wait()
-        self.checkpointer.close()
-        if self.logger is not None:
-            self.logger.close()
+        """Waits for the save in flight and closes the files; a Ctrl-C's unwinding included."""
+        try:
+            self.checkpointer.wait()
+            self.checkpointer.close()
+            if self.logger is not None:
+                self.logger.close()
+        finally:
+            if self.save_signal is not None:  # still recorded while the save completes
+                self.save_signal.close()
 
 
 def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerConfig,
@@ -142,9 +153,10 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     if jax.process_index() == 0:
         logger = MetricsLogger(run_dir, start_step=int(state.step),
                                total_steps=start_step + total_steps, progress=progress)
+    save_signal = None if checkpoint.save_signal is None else SaveSignal(checkpoint.save_signal)
     return Run(run_dir, mesh_, model_config, precision.compute_config(model_config), specs, opt,
                state, rng, data_position, start_step, start_step + total_steps, checkpointer,
-               logger, job_dict, job)
+               logger, job_dict, job, save_signal)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
