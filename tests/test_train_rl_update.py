@@ -78,7 +78,7 @@ def test_metrics_of_one_and_two_mini_batches():
     expected = {"loss", "tokens", "grad_norm", "lr", "clip_low_frac", "clip_high_frac", "approx_kl",
                 "ratio_mean", "ratio_max", "entropy", "logprob_mismatch/abs", "logprob_mismatch/kl",
                 "logprob_mismatch/log_ppl_diff", "logprob_mismatch/log_ppl_abs_diff",
-                "logprob_mismatch/ratio_max", "logprob_mismatch/ratio_min"}
+                "logprob_mismatch/ratio_max", "logprob_mismatch/ratio_min", "update/skipped_nonfinite"}
     state, one = _update(batch, make_mesh(1, 1), mini_batches=1)
     assert set(one) == expected and all(np.isfinite(v) for v in one.values())
     # One update from freshly recomputed old log-probs: the ratio is exactly 1.
@@ -269,13 +269,32 @@ def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one()
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
 
 
+def test_a_batch_that_overflows_skips_every_update_of_the_step():
+    """Issue 51: advantages large enough that the loss sums overflow float32: both mini-batch
+    updates are skipped and counted, the params stay as they were."""
+    batch = _batch(8)
+    mesh = make_mesh(1, 1)
+    before = jax.device_get(shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh))
+    state, metrics = _update(batch | {"advantages": np.full(8, 1e38, np.float32)}, mesh,
+                             mini_batches=2)
+    assert metrics["update/skipped_nonfinite"] == 2.0 and not np.isfinite(metrics["loss"])
+    assert int(state.step) == 2
+    for a, b in zip(jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(before), strict=True):
+        np.testing.assert_array_equal(a, b)
+    _, metrics = _update(batch, mesh, mini_batches=2)
+    assert metrics["update/skipped_nonfinite"] == 0.0
+
+
 def test_mini_batch_metrics_combine_by_the_step_rule():
     from rstar2_jax.train.rl_update import _combine
 
-    updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0},
-               {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0}]
+    updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0,
+                "update/skipped_nonfinite": 1.0},
+               {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0,
+                "update/skipped_nonfinite": 1.0}]
     assert _combine(updates) == {"lr": 2.0, "grad_norm": 2.0, "ratio_max": 1.5, "ratio_min": 0.5,
-                                 "kl": 1.0}  # kl: (4 * 1 + 0 * 3) / 4 tokens
+                                 "kl": 1.0,  # (4 * 1 + 0 * 3) / 4 tokens
+                                 "update/skipped_nonfinite": 2.0}  # counted
 
 
 # --- the entropy bonus, the KL penalty and the reference ----------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
-from rstar2_jax.model import init_params, save_hf, token_logprobs
+from rstar2_jax.model import init_params, load_hf, save_hf, token_logprobs
 from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.train import sft
 from rstar2_jax.train.checkpoint import Checkpointer, restore_params
@@ -300,3 +300,20 @@ def test_a_resume_with_another_model_stops_in_one_line_and_changes_nothing(setup
                    f"{tmp_path}/wide has hidden_size=48: point model.path at the model the run was "
                    f"trained from, or give this job a new run_dir")
     assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+def test_a_run_whose_updates_stay_non_finite_stops_in_one_line_with_finite_weights(setup, tmp_path, capsys):
+    """Issue 51: a NaN or infinite loss went into every weight and the run trained on. Digits
+    weighted 1e38 overflow every step's loss: each update is skipped and counted, and the run
+    stops after optimizer.max_nonfinite_steps of them."""
+    d, _, _ = setup
+    command = ["sft", *_config(d, "overflow"), f"run_dir={tmp_path}/run", "digit_loss_weight=1e38",
+               "optimizer.max_nonfinite_steps=2"]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: steps 1-2 of {tmp_path}/run: the loss or gradient was not finite")
+    records = read_metrics(tmp_path / "run")
+    assert [(r["step"], r["update/skipped_nonfinite"]) for r in records] == [(1, 1.0), (2, 1.0)]
+    assert not np.isfinite(records[0]["loss"])
+    _, initial = load_hf(d / "model")
+    _assert_same_params(initial, restore_params(tmp_path / "run" / "checkpoints").state.params)

@@ -110,6 +110,8 @@ class OptimizerConfig:
 
     ``decay_steps`` (cosine only) counts from the end of warmup; ``None`` means "until the end of
     the job". ``final_lr_ratio`` is the cosine floor as a fraction of ``lr``.
+    An update whose loss or gradient is NaN or infinite is skipped (`rstar2_jax.train.step`);
+    after ``max_nonfinite_steps`` steps in a row with a skipped update the run stops.
     """
 
     lr: float = 1e-6
@@ -122,6 +124,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self):
         _check(self.lr > 0, f"optimizer.lr must be > 0, got {self.lr}")
@@ -134,6 +137,8 @@ class OptimizerConfig:
                f"optimizer.b1 and optimizer.b2 must be in [0, 1), got {self.b1}, {self.b2}")
         _check(self.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
         _check(self.grad_clip > 0, f"optimizer.grad_clip must be > 0, got {self.grad_clip}")
+        _check(self.max_nonfinite_steps >= 1,
+               f"optimizer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,15 @@ PROGRESS_KEYS = {"loss": "loss", "reward/mean": "reward", "reward/question_accur
 
 
 def progress_fields(record: Mapping[str, float]) -> dict[str, str]:
-    """The progress bar's postfix for one step's record: the `PROGRESS_KEYS` it has, and a
-    ``warning`` when it holds a non-finite value or an RL step that kept no group (no update)."""
+    """The progress bar's postfix for one step's record: the `PROGRESS_KEYS` it has, the names
+    of its non-finite values, and a ``warning`` when its update was skipped (a non-finite loss
+    or gradient) or an RL step kept no group (no update)."""
     shown = {label: f"{record[k]:.4g}" for k, label in PROGRESS_KEYS.items() if k in record}
     bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         shown["non-finite"] = ",".join(bad)
+    if record.get("update/skipped_nonfinite"):
+        shown["warning"] = "non-finite update skipped"
     if record.get("groups/kept") == 0:
         shown["warning"] = "no group kept, no update"
     return shown

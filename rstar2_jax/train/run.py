@@ -26,6 +26,7 @@ import jax
 import optax
 
 from rstar2_jax.config import config_to_dict
+from rstar2_jax.errors import NonFiniteError
 from rstar2_jax.model import ModelConfig, load_hf
 from rstar2_jax.parallel.roles import split_devices
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
@@ -69,6 +70,9 @@ class Run:
     job_config: dict
     job: str  # the job config's class, recorded in each checkpoint
     save_signal: SaveSignal | None  # checkpoint.save_signal's
+    max_nonfinite_steps: int
+    nonfinite_steps: int = 0  # steps in a row, up to the last, with an update skipped
+    nonfinite_since: int = 0  # the first of them
 
     @property
     def step(self) -> int:
@@ -78,16 +82,35 @@ class Run:
                     data_position: Any) -> None:
         """Records the step just done: metrics (process 0 writes them), then a checkpoint (every
         process writes its shards) if due, at the last step, or when ``checkpoint.save_signal``
-        came; after the last, raises `Stopped`."""
+        came; after the last, raises `Stopped`. Counts the steps in a row whose update was
+        skipped for a non-finite loss or gradient (``update/skipped_nonfinite``) and raises
+        NonFiniteError at ``optimizer.max_nonfinite_steps``."""
         self.state, self.rng, self.data_position = state, rng, data_position
         step = int(state.step)
         if self.logger is not None:
             self.logger.log(step, metrics)
+        if "update/skipped_nonfinite" in metrics:  # an RL step that kept nothing has no update
+            skipped = metrics["update/skipped_nonfinite"] > 0
+            if skipped and not self.nonfinite_steps:
+                self.nonfinite_since = step
+            self.nonfinite_steps = self.nonfinite_steps + 1 if skipped else 0
+            if skipped:
+                log.warning("step %d: the loss or gradient is not finite (loss %s, grad_norm %s); "
+                            "its update was skipped (%d step(s) in a row; the run stops at %d)",
+                            step, metrics.get("loss"), metrics.get("grad_norm"),
+                            self.nonfinite_steps, self.max_nonfinite_steps)
         stop = self.save_signal is not None and step < self.end_step and self.save_signal.received()
         if self.checkpointer.due(step) or step == self.end_step or stop:
             self.checkpointer.save(state, rng=rng, model_config=self.model_config,
                                    job_config=self.job_config, job=self.job,
                                    data_position={"start_step": self.start_step, "data": data_position})
+        if self.nonfinite_steps >= self.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"steps {self.nonfinite_since}-{step} of {self.run_dir}: the loss or gradient was not finite "
+                f"(NaN or infinite) in {self.nonfinite_steps} steps in a row, and their updates "
+                f"were skipped (optimizer.max_nonfinite_steps={self.max_nonfinite_steps}), so the "
+                f"weights and checkpoints are finite: lower optimizer.lr, or check the data and "
+                f"the weights of the loss, then resume")
         if stop:
             raise Stopped(self.save_signal.signum)
 
@@ -156,7 +179,7 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     save_signal = None if checkpoint.save_signal is None else SaveSignal(checkpoint.save_signal)
     return Run(run_dir, mesh_, model_config, precision.compute_config(model_config), specs, opt,
                state, rng, data_position, start_step, start_step + total_steps, checkpointer,
-               logger, job_dict, job, save_signal)
+               logger, job_dict, job, save_signal, optimizer.max_nonfinite_steps)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
