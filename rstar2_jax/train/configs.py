@@ -123,7 +123,7 @@ class OptimizerConfig:
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    grad_clip: float = field(default=1.0, metadata={"infinity": "no clipping"})
     max_nonfinite_steps: int = 3
 
     def __post_init__(self):
@@ -135,6 +135,7 @@ class OptimizerConfig:
                f"optimizer.final_lr_ratio must be in [0, 1], got {self.final_lr_ratio}")
         _check(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0,
                f"optimizer.b1 and optimizer.b2 must be in [0, 1), got {self.b1}, {self.b2}")
+        _check(self.eps > 0, f"optimizer.eps must be > 0 (AdamW divides by sqrt(v) + eps), got {self.eps}")
         _check(self.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
         _check(self.grad_clip > 0, f"optimizer.grad_clip must be > 0, got {self.grad_clip}")
         _check(self.max_nonfinite_steps >= 1,
