@@ -76,6 +76,8 @@ def _sft(args: argparse.Namespace) -> int:
 def _rl(args: argparse.Namespace) -> int:
     from rstar2_jax.chat import get_format
     from rstar2_jax.data.datasets import load_problems
+    from rstar2_jax.model.hf import read_hf_config
+    from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.tokenizer import open_tokenizer
     from rstar2_jax.train.configs import RLJobConfig
     from rstar2_jax.train.rl import run_rl
@@ -89,6 +91,8 @@ def _rl(args: argparse.Namespace) -> int:
         raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} exceeds the "
                           f"{len(problems)} problems of stage.dataset={config.stage.dataset}; "
                           f"lower it or use a larger dataset")
+    preflight(config.precision.compute_config(read_hf_config(config.model.path)), config.rollout,
+              config.limits)
     _require_previous_stage(config.stage.init_from)
     args.resume = f"the newest checkpoint in {config.run_dir}"
     state = run_rl(config)
@@ -98,10 +102,13 @@ def _rl(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from rstar2_jax.evaluate import run_eval, write_samples
+    from rstar2_jax.model.hf import read_hf_config
+    from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.train.configs import EvalConfig
 
     config = load_config(EvalConfig, args.config, args.overrides)
     require_writable_file(config.output, "the evaluation output")
+    preflight(read_hf_config(config.model.path), config.rollout, config.limits)
     report, records = run_eval(config)
     import jax  # joined the run's processes by now (main)
 
@@ -114,11 +121,14 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _hard_subset(args: argparse.Namespace) -> int:
     from rstar2_jax.evaluate import run_hard_subset
+    from rstar2_jax.model.hf import read_hf_config
+    from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.train.configs import RLJobConfig
 
     config = load_config(RLJobConfig, args.config, args.overrides)
     if config.hard_subset is not None:
         require_writable_file(config.hard_subset.output, "the hard subset")
+    preflight(read_hf_config(config.model.path), config.rollout, config.limits)
     _require_previous_stage(config.stage.init_from)
     kept, total = run_hard_subset(config)
     print(f"kept {kept} of {total} problems (not solved {config.hard_subset.samples}/"

@@ -10,7 +10,7 @@ import jax
 
 from rstar2_jax.model import ModelConfig
 from rstar2_jax.sandbox import SandboxConfig
-from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
+from rstar2_jax.sandbox.config import check_num_workers, default_num_workers, pool_memory_bytes
 
 
 def _check(condition: bool, message: str) -> None:
@@ -113,6 +113,10 @@ class RolloutSettings:
         _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
+        try:
+            check_num_workers(self.sandbox_workers or default_num_workers())
+        except ValueError as e:
+            raise ValueError(f"rollout.sandbox_workers={self.sandbox_workers}: {e}") from None
         try:
             sandbox = SandboxConfig(timeout_s=self.tool_timeout_s, **self.tool_limits.given())
             pool_memory_bytes(sandbox, self.sandbox_workers or default_num_workers())
