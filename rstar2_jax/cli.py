@@ -80,7 +80,7 @@ def _rl(args: argparse.Namespace) -> int:
     from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.tokenizer import open_tokenizer
     from rstar2_jax.train.configs import RLJobConfig
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     config = load_config(RLJobConfig, args.config, args.overrides)
     require_writable_dir(config.run_dir, "the run directory")
@@ -152,7 +152,7 @@ def _require_previous_stage(init_from: str | None) -> None:
 
 
 def _scale_plan(args: argparse.Namespace) -> int:
-    from rstar2_jax.train.scale_plan import ScalePlanConfig, format_plan, run_in_subprocess
+    from rstar2_jax.rl.scale_plan import ScalePlanConfig, format_plan, run_in_subprocess
 
     config = load_config(ScalePlanConfig, args.config, args.overrides)
     print(format_plan(run_in_subprocess(config)))

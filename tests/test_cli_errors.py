@@ -13,7 +13,7 @@ from rstar2_jax import chat, evaluate
 from rstar2_jax.cli import main
 from rstar2_jax.data.datasets import Problem, save_problems
 from rstar2_jax.model import ModelConfig, init_params, save_hf
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 
 
 @pytest.fixture(scope="module")

@@ -64,10 +64,10 @@ class RolloutCorrection:
     """
 
     weights: str = "none"
-    weight_cap: float = dataclasses.field(default=2.0, metadata={"infinity": "weights not truncated"})
+    weight_cap: float = dataclasses.field(default=2.0, metadata={"infinity": "no cap"})  # inf: none
     mask: str = "none"
     mask_low: float = 0.5
-    mask_high: float = dataclasses.field(default=2.0, metadata={"infinity": "no upper bound"})
+    mask_high: float = dataclasses.field(default=2.0, metadata={"infinity": "no upper bound"})  # inf: none
 
     def __post_init__(self):
         for name in ("weights", "mask"):

@@ -123,7 +123,7 @@ class OptimizerConfig:
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float = field(default=1.0, metadata={"infinity": "no clipping"})
+    grad_clip: float = field(default=1.0, metadata={"infinity": "no clipping"})  # inf: no clipping
     max_nonfinite_steps: int = 3
 
     def __post_init__(self):
@@ -246,7 +246,7 @@ class RLConfig:
 
     ``max_staleness`` (k): the rollouts of step s are sampled by the policy after update
     s - k (at most k updates old) while the trainer updates on earlier steps' rollouts
-    (`rstar2_jax.train.rl`, docs/algorithms.md "Asynchronous RL"); 0, the default, is the
+    (`rstar2_jax.rl.loop`, docs/algorithms.md "Asynchronous RL"); 0, the default, is the
     synchronous loop: each step's rollouts come from the params it trains. On several
     processes it needs ``mesh.rollout_devices`` > 0.
     """

@@ -9,15 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss, regularized
+from rstar2_jax.algorithms import (ALGORITHMS, GRPO_ROC, RolloutCorrection, gspo_loss, policy_loss,
+                                   regularized, resolve_algorithm)
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.configs import OptimizerConfig, RLConfig
 from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train import rl_update
+from rstar2_jax.rl import update as rl_update
 from rstar2_jax.train.packing import PackShapes
-from rstar2_jax.train.rl_update import RLUpdate
+from rstar2_jax.rl.update import RLUpdate
 from rstar2_jax.train.step import init_train_state, make_train_step
 
 MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -47,7 +48,9 @@ def _batch(rows, seed=0, sampler_offset=0.0, seq=SEQ, lengths=None):
 
 
 def _update(batch, mesh, steps=1, lr=3e-2, loss=None, eps=1e-8, **rl):
+    """``steps`` updates with ``loss``, by default the loss of the algorithm ``rl`` names."""
     config = RLConfig(**rl)
+    loss = resolve_algorithm(config.algorithm).loss if loss is None else loss
     opt = make_optimizer(OptimizerConfig(lr=lr, warmup_steps=1, eps=eps), total_steps=10)
     specs = param_specs(MODEL, mesh)
     params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
@@ -176,7 +179,8 @@ def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
     specs = param_specs(MODEL, mesh)
     params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
     state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
-    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params)
+    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params,
+                      loss=GRPO_ROC.loss)
     with pytest.raises(RuntimeError, match="stop"):
         update(state, batch, check=check)
     [stats] = seen
@@ -330,7 +334,7 @@ def test_a_batch_that_overflows_skips_every_update_of_the_step():
 
 
 def test_mini_batch_metrics_combine_by_the_step_rule():
-    from rstar2_jax.train.rl_update import _combine
+    from rstar2_jax.rl.update import _combine
 
     updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0,
                 "update/skipped_nonfinite": 1.0},
@@ -404,6 +408,7 @@ def _reference_update(batch, reference, lr=3e-2, **rl):
     params = shard_params(init, MODEL, mesh)
     state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
     update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params,
+                      loss=resolve_algorithm(config.algorithm).loss,
                       reference=shard_params(moved, MODEL, mesh))
     return update(state, batch)
 
