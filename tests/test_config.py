@@ -125,7 +125,7 @@ def _numbers(config, prefix=""):
 def _jobs():
     from rstar2_jax.toy.demo import DemoConfig
     from rstar2_jax.train.configs import EvalConfig
-    from rstar2_jax.train.scale_plan import ScalePlanConfig
+    from rstar2_jax.rl.scale_plan import ScalePlanConfig
 
     return [(RLJobConfig, REQUIRED_RL), (SFTConfig, ["model.path=/m", "data=/d", "run_dir=/r"]),
             (EvalConfig, ["model.path=/m", "dataset=/d", "output=/o"]), (DemoConfig, []),
