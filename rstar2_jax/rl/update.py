@@ -169,7 +169,8 @@ class RLUpdate:
     ``config.reference``.
 
     Metrics: ``loss``, ``tokens`` (loss tokens of the step), ``grad_norm`` (mean over
-    mini-batches), ``lr`` (last update), ``entropy`` (of the policy before the update,
+    mini-batches), ``lr`` (last update), ``update/skipped_nonfinite`` (the step's updates
+    skipped for a non-finite loss or gradient), ``entropy`` (of the policy before the update,
     nats/token), the sampler/trainer gap ``logprob_mismatch/*`` (``abs``, ``kl``,
     ``log_ppl_diff``, ``log_ppl_abs_diff``, ``ratio_max``, ``ratio_min``:
     `rstar2_jax.algorithms.mismatch_metrics`), what ``rl.rollout_correction`` did
@@ -325,12 +326,13 @@ def _count(mask: jax.Array) -> jax.Array:
 def _combine(per_update: list[dict]) -> dict[str, float]:
     """The mini-batch updates' metrics as one: each weighted by its loss count (``tokens`` of
     the train step: loss tokens, or sequences, as the loss averages), maxima and minima of the
-    names `metric_reduction` says, grad norm averaged, lr of the last."""
+    names `metric_reduction` says, grad norm averaged, lr of the last, skipped updates counted."""
     counts = np.array([m["tokens"] for m in per_update], np.float64)
     total = max(counts.sum(), 1.0)
     out = {"lr": float(per_update[-1]["lr"]),
-           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update]))}
-    for k in per_update[0].keys() - {"lr", "grad_norm", "tokens"}:
+           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update])),
+           "update/skipped_nonfinite": float(sum(m["update/skipped_nonfinite"] for m in per_update))}
+    for k in per_update[0].keys() - out.keys() - {"tokens"}:
         values = [float(m[k]) for m in per_update]
         how = metric_reduction(k)
         out[k] = {"max": max, "min": min}[how](values) if how != "mean" else float(np.dot(values, counts) / total)

@@ -9,7 +9,7 @@ import dataclasses
 
 from rstar2_jax.model import ModelConfig, target
 from rstar2_jax.sandbox import SandboxConfig
-from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
+from rstar2_jax.sandbox.config import check_num_workers, default_num_workers, pool_memory_bytes
 
 
 def _check(condition: bool, message: str) -> None:
@@ -88,6 +88,10 @@ class RolloutSettings:
                f"rollout.tool_response_chars must be >= 64, got {self.tool_response_chars}")
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
+        try:
+            check_num_workers(self.sandbox_workers or default_num_workers())
+        except ValueError as e:
+            raise ValueError(f"rollout.sandbox_workers={self.sandbox_workers}: {e}") from None
         try:
             pool_memory_bytes(self.sandbox, self.sandbox_workers or default_num_workers())
         except ValueError as e:
