@@ -20,9 +20,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from rstar2_jax.model import KVCache, ModelConfig, forward, param_shapes
-
-FSDP = "fsdp"
-TP = "tp"
+from rstar2_jax.model.axes import FSDP, TP
 
 # Axes of each param without the leading layer axis of stacked layer params (see model/params.py).
 _PARAM_AXES = {

@@ -1,0 +1,152 @@
+"""The Pallas TPU kernels the model uses on TPUs, run on CPU in Pallas' interpret mode against the
+XLA paths they replace: splash attention over packed rows against the block-skipping kernel
+(values and q/k/v gradients), ragged paged attention of a decode step against the gathered
+rows."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers_hf import tiny_random_model
+from pallas_interpret import ragged_interpret, splash_interpret
+from rstar2_jax.model import KVCache, forward, forward_cached, packed_attention, tpu_attention
+from rstar2_jax.model.cache import empty_pages, read_rows
+from rstar2_jax.model.transformer import attention
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+# Packed rows of T tokens ([rows, slots] sequence lengths, T): several sequences per row with a
+# 1-token one and a padding tail; a sequence filling its row beside one of T - 1 tokens and a
+# 1-token one. T is no multiple of 128: the kernel's rows are padded.
+SEVERAL = (np.array([[60, 1, 90, 30], [120, 70, 0, 0]], np.int32), 200)
+FILLING = (np.array([[200, 0], [199, 1]], np.int32), 200)
+
+
+def _packed(layout, dtype, heads=4, kv_heads=2, dim=32):
+    lengths, t = layout
+    segments = packed_attention.packed_segments(jnp.asarray(lengths), t)
+    keys = jax.random.split(jax.random.key(int(lengths.sum())), 4)
+    b = lengths.shape[0]
+    q = jax.random.normal(keys[0], (b, t, heads, dim), jnp.float32)
+    k, v = (jax.random.normal(key, (b, kv_heads, t, dim), jnp.float32) for key in keys[1:3])
+    weights = jax.random.normal(keys[3], q.shape, jnp.float32)  # every output weighs differently
+    return (q, k, v), segments, weights
+
+
+def _value_and_grads(attend, qkv, weights, dtype):
+    def loss(q, k, v):
+        out = attend(q.astype(dtype), k.astype(dtype), v.astype(dtype))
+        return jnp.sum(out.astype(jnp.float32) * weights), out
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(*qkv)
+    return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+
+def _splash_and_block(layout, dtype):
+    qkv, segments, weights = _packed(layout, dtype)
+
+    def splash(q, k, v):
+        return tpu_attention.splash_packed_attention(q, k, v, segments)
+
+    def block(q, k, v):
+        return packed_attention._packed_attention(q, k, v, segments.ids, segments.bounds,
+                                                  packed_attention._BLOCK, 1, HIGHEST)
+
+    with splash_interpret():
+        got = _value_and_grads(splash, qkv, weights, dtype)
+    return got, _value_and_grads(block, qkv, weights, dtype), qkv, weights, block
+
+
+def test_the_layouts_hold_several_sequences_per_row_and_the_edge_cases():
+    lengths, t = SEVERAL
+    assert ((lengths > 0).sum(axis=1) >= 2).all()  # every row holds several sequences
+    assert (lengths == 1).any()  # a 1-token sequence
+    lengths, t = FILLING
+    assert (lengths.sum(axis=1) == t).all() and (lengths == t).any()  # one fills its row
+
+
+@pytest.mark.parametrize("layout", [SEVERAL, FILLING], ids=["several", "filling"])
+def test_splash_equals_the_block_kernel_in_float32(layout):
+    """Output and q/k/v gradients of a weighted sum, float32: the same up to float32 rounding."""
+    got, want, *_ = _splash_and_block(layout, jnp.float32)
+    for name, g, w in zip(["out", "d_q", "d_k", "d_v"], got, want):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", [SEVERAL, FILLING], ids=["several", "filling"])
+def test_splash_is_as_close_to_float32_as_the_block_kernel_in_bfloat16(layout):
+    """In bfloat16 both kernels round; splash's output and gradients are as close to the
+    float32 result as the block kernel's own (within twice its largest error), where attending
+    across a segment or past the diagonal would be off by the values themselves."""
+    got, want, qkv, weights, block = _splash_and_block(layout, jnp.bfloat16)
+    exact = _value_and_grads(block, qkv, weights, jnp.float32)
+    for name, g, w, e in zip(["out", "d_q", "d_k", "d_v"], got, want, exact):
+        rounding = np.max(np.abs(w - e))
+        assert 0 < rounding < 0.05 * np.max(np.abs(e)), name
+        assert np.max(np.abs(g - e)) <= 2 * rounding, name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ragged_paged_attention_reads_the_pages_in_place_like_the_gathered_rows(dtype):
+    """A decode step's attention over an interleaved pool (keys and values of all layers in one
+    array, the kernel's layout) by ragged paged attention, against `attention` over each row's
+    gathered slots: grouped-query heads (4 / 2), head dim 128, pages of the sampler's 32
+    tokens, rows of different lengths in scattered pages of a layer past the first (a full
+    row, a 1-token row, one ending inside a page), a pool of more pages than the rows use. The
+    kernel's pool holds NaN in every page of that layer that no row holds, and its table entries
+    past each row's last page name pages that do not exist."""
+    rng = np.random.default_rng(3)
+    layers, num_pages, heads, kv_heads, page_size, dim, width = 3, 24, 4, 2, 32, 128, 4
+    dtype = jnp.dtype(dtype)
+    pool = jnp.asarray(rng.standard_normal((layers, num_pages, page_size, 2 * kv_heads, dim)),
+                       dtype)
+    tables = jnp.asarray(rng.permutation(num_pages)[:3 * width].reshape(3, width), jnp.int32)
+    lengths = jnp.asarray([width * page_size, 1, page_size + 5], jnp.int32)
+    q = jnp.asarray(rng.standard_normal((3, 1, heads, dim)), dtype)
+    used = np.zeros(num_pages, bool)
+    for row, n in enumerate(np.asarray(lengths)):
+        used[np.asarray(tables[row, :-(-n // page_size)])] = True
+    poisoned = pool.at[1, np.flatnonzero(~used)].set(jnp.nan)
+    # Table entries past each row's last page name no page at all: the interpreter raises on
+    # a read out of bounds.
+    past = np.arange(width)[None, :] >= -(-np.asarray(lengths)[:, None] // page_size)
+    nowhere = jnp.where(past, 10**6, tables)
+    cache = KVCache(k=pool, v=None, block_table=tables, lengths=lengths)
+
+    with ragged_interpret():
+        out = jax.jit(tpu_attention.ragged_attend_pages)(q, poisoned, 1, nowhere, lengths)
+
+    rows = read_rows(cache, pool, 1)  # [B, 2K, slots, D], keys and values interleaved
+    visible = jnp.arange(width * page_size)[None, None, :] < lengths[:, None, None]
+    expected = attention(q, rows[:, 0::2], rows[:, 1::2], visible, precision=HIGHEST)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2  # bfloat16: ~3 significant digits
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               atol=tol, rtol=tol)
+
+
+def test_rows_of_an_interleaved_pool_decoded_by_the_kernel_match_the_full_forward():
+    """A tiny Qwen3 with head dim 128 over one interleaved pool (its rows' pages scattered, a
+    page no row holds): prefilled in two ragged chunks (the gathered path), then decoded by
+    ragged paged attention, it gives the full causal forward's logits, and the page no row
+    holds stays empty."""
+    config, params = tiny_random_model("qwen3", head_dim=128)
+    seqs = np.random.default_rng(4).integers(0, config.vocab_size, (2, 11)).astype(np.int32)
+    pages = np.random.default_rng(5).permutation(9)  # page 8 belongs to no row
+    (pool,) = empty_pages(config, 9, 3, interleaved=True)
+    cache = KVCache(k=pool, v=None, block_table=jnp.asarray([pages[:4], pages[4:8]], jnp.int32),
+                    lengths=jnp.zeros((2,), jnp.int32))
+    logits = np.zeros((2, 11, config.vocab_size), np.float32)
+    with ragged_interpret():
+        for num_new in ([5, 2], [4, 7], *([[1, 1]] * 2)):
+            start = np.asarray(cache.lengths)
+            tokens = np.zeros((2, max(num_new)), np.int32)
+            for b, n in enumerate(num_new):
+                tokens[b, :n] = seqs[b, start[b]:start[b] + n]
+            out, cache = forward_cached(params, config, jnp.asarray(tokens), cache,
+                                        jnp.asarray(num_new, jnp.int32))
+            for b, n in enumerate(num_new):
+                logits[b, start[b]:start[b] + n] = np.asarray(out)[b, :n]
+
+    full = np.asarray(forward(params, config, jnp.asarray(seqs)))
+    assert np.abs(logits - full).max() <= 1e-4
+    assert cache.interleaved and not np.asarray(cache.k[:, pages[8]]).any()
