@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
+from rstar2_jax.model import target
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.tpu_attention import ragged_attend_pages
 from rstar2_jax.model.transformer import (
@@ -160,8 +161,8 @@ def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
 
 
 def as_bits(pool: jax.Array) -> jax.Array:
-    """On CPU, a pool of 16-bit floats as its uint16 bits (a `KVCache` with `dtype` set); other
-    pools, and every pool on other backends, as they are.
+    """For a CPU target (`target.current`), a pool of 16-bit floats as its uint16 bits (a
+    `KVCache` with `dtype` set); other pools, and every pool for other targets, as they are.
 
     XLA:CPU scatters 16-bit floats by converting the whole operand to float32 and back: the
     pools of every layer, at every layer of every decode step (bfloat16 decode 5-8x slower than
@@ -169,7 +170,7 @@ def as_bits(pool: jax.Array) -> jax.Array:
     as floats (`read_pages`). Other backends scatter 16-bit floats in place, and a kernel that
     reads the pools where they lie (`cudnn_attend_pages`) takes them only as floats.
     """
-    if (jax.default_backend() == "cpu" and pool.dtype.itemsize == 2
+    if (target.current().platform == "cpu" and pool.dtype.itemsize == 2
             and jnp.issubdtype(pool.dtype, jnp.floating)):
         return jax.lax.bitcast_convert_type(pool, jnp.uint16)
     return pool
@@ -236,8 +237,9 @@ def attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
 
 
 def decode_in_pages() -> bool:
-    """Whether a decode step attends page by page (`attend_pages`): on CPU (module docstring)."""
-    return jax.default_backend() == "cpu"
+    """Whether a decode step attends page by page (`attend_pages`): for a CPU target (module
+    docstring)."""
+    return target.current().platform == "cpu"
 
 
 def cudnn_attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
@@ -268,11 +270,12 @@ def cudnn_attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer
 
 
 def decode_by_cudnn(q: jax.Array, pool: jax.Array) -> bool:
-    """Whether a decode step of q [B, 1, H, D] over `pool` attends by `cudnn_attend_pages`: on
-    an NVIDIA GPU (not ROCm), the pool in q's 16-bit dtype, and the kernel checked on this
-    device for this layout (`_cudnn_pages_agree`)."""
+    """Whether a decode step of q [B, 1, H, D] over `pool` attends by `cudnn_attend_pages`: for
+    an NVIDIA GPU target (not ROCm), the pool in q's 16-bit dtype, and the kernel checked on
+    that device for this layout (`_cudnn_pages_agree`; not for a compile-only target)."""
     return (_cudnn_supports(q) and pool.dtype == q.dtype
-            and _cudnn_pages_agree(q.dtype, q.shape[2], pool.shape[2], pool.shape[3], q.shape[3]))
+            and (target.current().compile_only or _cudnn_pages_agree(
+                q.dtype, q.shape[2], pool.shape[2], pool.shape[3], q.shape[3])))
 
 
 @functools.cache

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 
-from rstar2_jax.model import ModelConfig
+from rstar2_jax.model import ModelConfig, target
 from rstar2_jax.sandbox import SandboxConfig
 from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
 
@@ -142,7 +141,7 @@ class RolloutSettings:
         """``config`` in the dtype the sampler serves (see ``serving_dtype``)."""
         dtype = self.serving_dtype
         if dtype == "auto":
-            dtype = "bfloat16" if jax.default_backend() in ("gpu", "tpu") else config.dtype
+            dtype = "bfloat16" if target.current().accelerator else config.dtype
         return dataclasses.replace(config, dtype=dtype)
 
 

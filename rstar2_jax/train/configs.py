@@ -13,13 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-import jax
 from omegaconf import MISSING
 
 from rstar2_jax import chat
 from rstar2_jax.algorithms import KL_PENALTIES, RolloutCorrection, resolve_algorithm
 from rstar2_jax.algorithms.regularizers import KLPenalty
-from rstar2_jax.model import ModelConfig
+from rstar2_jax.model import ModelConfig, target
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 
 
@@ -80,7 +79,8 @@ class PrecisionConfig:
     ``compute`` is the dtype the forward and backward passes run in: the activations and every
     matmul. Weights are cast to it where they are used, inside the differentiated function, so
     gradients, their accumulation over micro-batches and AdamW stay in ``params``' dtype. "auto"
-    is bfloat16 on GPU and TPU, float32 on CPU (where XLA emulates bfloat16 matmuls). Logits,
+    is bfloat16 on GPU and TPU, float32 on CPU (where XLA emulates bfloat16 matmuls): the
+    device programs are compiled for (`rstar2_jax.model.target.current`). Logits,
     log-softmax, log-probs and the loss are float32 under any policy.
     ``matmul`` is the precision of float32 matmuls: "highest" is a true float32 product on
     every backend (parity tests, and the sampler/trainer log-prob gap, mean the same
@@ -97,7 +97,7 @@ class PrecisionConfig:
     def compute_dtype(self) -> str:
         if self.compute != "auto":
             return self.compute
-        return "bfloat16" if jax.default_backend() in ("gpu", "tpu") else "float32"
+        return "bfloat16" if target.current().accelerator else "float32"
 
     def compute_config(self, config: ModelConfig) -> ModelConfig:
         """``config`` as the training forward runs it (compute dtype, matmul precision)."""

@@ -53,7 +53,7 @@ from rstar2_jax.algorithms import (
 )
 from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.errors import ConfigError
-from rstar2_jax.model import ModelConfig, token_logprobs
+from rstar2_jax.model import ModelConfig, target, token_logprobs
 from rstar2_jax.parallel.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig
 from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
@@ -223,7 +223,12 @@ class RLUpdate:
         """``batch``: this process's rows (all of them on one process), the same row count on
         every process; the update trains on all processes' rows. ``check``, if given, is called
         with the mismatch and correction metrics of the step (all processes' rows) before any
-        optimizer step: it may raise to stop the run with the params untouched."""
+        optimizer step: it may raise to stop the run with the params untouched. The update's
+        programs compile for the mesh's devices (their kernels: `rstar2_jax.model.target`)."""
+        with target.compiling_for_mesh(self.mesh):
+            return self._update(state, batch, check)
+
+    def _update(self, state: TrainState, batch: dict, check) -> tuple[TrainState, dict[str, float]]:
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
         rows = batch["tokens"].shape[0] * jax.process_count()
         rows_per_update = rows // self.config.mini_batches

@@ -44,8 +44,11 @@ def state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: 
     param_sh = named_shardings(mesh, param_specs)
     replicated = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(optimizer.init, params)
-    opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
-                                   transform_non_params=lambda _: replicated)
+    # optax builds a state of placeholders eagerly: on this process's own default device, which
+    # a compile-only target (`rstar2_jax.model.target`) is not.
+    with jax.default_device(None):
+        opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
+                                       transform_non_params=lambda _: replicated)
     return TrainState(param_sh, opt_sh, replicated)
 
 
