@@ -2,15 +2,23 @@
 XLA paths they replace: splash attention over packed rows against the block-skipping kernel
 (values and q/k/v gradients), ragged paged attention of a decode step against the gathered
 rows."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from helpers_hf import tiny_random_model
 from pallas_interpret import ragged_interpret, splash_interpret
-from rstar2_jax.model import KVCache, forward, forward_cached, packed_attention, tpu_attention
-from rstar2_jax.model.cache import empty_pages, read_rows
+from rstar2_jax.model import (KVCache, forward, forward_cached, packed_attention, target,
+                              token_logprobs, tpu_attention)
+from rstar2_jax.model import cache as cache_lib
+from rstar2_jax.model.cache import pool_shape, read_rows
+from rstar2_jax.parallel.sharding import make_mesh
+from rstar2_jax.sampler import engine as engine_lib
+from rstar2_jax.sampler import generate
 from rstar2_jax.model.transformer import attention
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -132,7 +140,7 @@ def test_rows_of_an_interleaved_pool_decoded_by_the_kernel_match_the_full_forwar
     config, params = tiny_random_model("qwen3", head_dim=128)
     seqs = np.random.default_rng(4).integers(0, config.vocab_size, (2, 11)).astype(np.int32)
     pages = np.random.default_rng(5).permutation(9)  # page 8 belongs to no row
-    (pool,) = empty_pages(config, 9, 3, interleaved=True)
+    pool = jnp.zeros(pool_shape(config, 9, 3, interleaved=True), jnp.float32)
     cache = KVCache(k=pool, v=None, block_table=jnp.asarray([pages[:4], pages[4:8]], jnp.int32),
                     lengths=jnp.zeros((2,), jnp.int32))
     logits = np.zeros((2, 11, config.vocab_size), np.float32)
@@ -150,3 +158,109 @@ def test_rows_of_an_interleaved_pool_decoded_by_the_kernel_match_the_full_forwar
     full = np.asarray(forward(params, config, jnp.asarray(seqs)))
     assert np.abs(logits - full).max() <= 1e-4
     assert cache.interleaved and not np.asarray(cache.k[:, pages[8]]).any()
+
+
+@pytest.mark.slow
+def test_a_tpu_sampler_preempting_and_refilling_rows_decodes_like_the_cpu_one(monkeypatch):
+    """`generate` with a TPU's kernels (interleaved pools, decode steps by ragged paged
+    attention, interpreted) against the CPU's (two pools, page by page): 4 prompts in 2 slots
+    (rows refilled as others finish), a pool so small that rows are preempted and prefilled
+    again; the same greedy tokens and log-probs."""
+    config, params = tiny_random_model("qwen3", head_dim=128)
+    prompts = [[5, 17, 9, 3, 42, 8, 11], [7, 1], [10, 64, 2, 9, 33], [12, 13, 14, 15, 16, 17]]
+    preempted = []
+    evict = engine_lib.Engine._evict
+    monkeypatch.setattr(engine_lib.Engine, "_evict",
+                        lambda self, row: (preempted.append(row), evict(self, row)))
+    # Rows of 8 + 40 tokens: 6 pages of 8; two staged prompts hold 2 more.
+    run = functools.partial(generate, params, config, prompts, 40, temperature=0.0, num_slots=2,
+                            chunk=8, page_size=8, num_pages=6 + 2 + 1)
+    on_cpu = run()
+    assert preempted
+    pools = []
+    monkeypatch.setattr(target, "current", lambda: target.Target("tpu"))
+    empty = cache_lib.empty_pages
+    monkeypatch.setattr(engine_lib, "empty_pages", lambda *a: pools.append(empty(*a)) or pools[-1])
+    preempted.clear()
+    with ragged_interpret():
+        on_tpu = run()
+    assert preempted and [p.shape for p in pools[0]] == [pool_shape(config, 9, 8, True)]
+    assert [g.tokens for g in on_tpu] == [g.tokens for g in on_cpu]
+    for got, want in zip(on_tpu, on_cpu):
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+
+
+def _kernels(fn, *args) -> set[str]:
+    """The Pallas TPU kernels a trace of fn(*args) calls."""
+    text = str(jax.make_jaxpr(fn)(*args))
+    return {name for name in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv",
+                              "ragged_paged_attention_kernel") if name in text}
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cpu"])
+def test_the_tpu_kernels_are_chosen_for_a_tpu_target_only(platform, monkeypatch):
+    """For a TPU target, a bfloat16 training pass over packed rows runs splash attention
+    forward and backward (float32 keeps the block kernel: the kernel does not take the
+    policy's matmul precision) and a sampler's pools of a model the ragged kernel takes are
+    interleaved and decoded by it; a model it does not take (head dim 8) keeps two pools. For
+    a CPU target, none of them."""
+    monkeypatch.setattr(target, "current", lambda: target.Target(platform, compile_only=True))
+    jax.clear_caches()  # jit's traces are keyed by the target's device, which this stand-in keeps
+    tpu = platform == "tpu"
+    tokens = jnp.zeros((2, 40), jnp.int32)
+    lengths = jnp.asarray([[20, 1, 10], [40, 0, 0]], jnp.int32)
+    for dtype in ("bfloat16", "float32"):
+        config, params = tiny_random_model("qwen3", dtype=dtype)
+
+        def loss(params):
+            return token_logprobs(params, config, tokens, tokens, segment_lengths=lengths).sum()
+        want = {"splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"} if tpu and dtype == "bfloat16" else set()
+        assert _kernels(jax.grad(loss), params) == want, dtype
+
+    for head_dim, takes in ((128, tpu), (8, False)):
+        config, params = tiny_random_model("qwen3", dtype="bfloat16", head_dim=head_dim)
+        pools = cache_lib.empty_pages(config, 6, 8)
+        assert len(pools) == (1 if takes else 2)
+        cache = KVCache.of_pools(pools, jnp.zeros((2, 3), jnp.int32), jnp.ones((2,), jnp.int32))
+        step = functools.partial(forward_cached, config=config)
+        assert _kernels(lambda p, c: step(p, tokens=tokens[:, :1], cache=c), params, cache) == (
+            {"ragged_paged_attention_kernel"} if takes else set())
+
+
+def test_on_a_mesh_each_device_attends_over_its_rows_and_heads():
+    """Traced for a (fsdp 2, tp 2) mesh (`target.compiling_for_mesh`), both kernels run under
+    `shard_map` (XLA does not partition them), rows over fsdp and heads over tp, and give what
+    they give on one device."""
+    mesh = make_mesh(2, 2)
+    lengths = jnp.asarray([[60, 1, 90, 30], [120, 70, 0, 0], [200, 0, 0, 0], [50] * 4], jnp.int32)
+    segments = packed_attention.packed_segments(lengths, 200)
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (4, 200, 4, 32))
+    k, v = (jax.random.normal(key, (4, 2, 200, 32)) for key in keys[1:])
+    splash = jax.jit(lambda q, k, v, ids, bounds: tpu_attention.splash_packed_attention(
+        q, k, v, packed_attention.Segments(ids, None, bounds)))
+
+    rng = np.random.default_rng(0)
+    pool = jnp.asarray(rng.standard_normal((2, 20, 32, 4, 128)), jnp.float32)
+    tables = jnp.asarray(rng.permutation(20)[:16].reshape(4, 4), jnp.int32)
+    decode_q = jnp.asarray(rng.standard_normal((4, 1, 4, 128)), jnp.float32)
+    context = jnp.asarray([128, 1, 40, 70], jnp.int32)
+    ragged = jax.jit(tpu_attention.ragged_attend_pages)
+
+    def place(x, *spec):
+        return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+    with splash_interpret():
+        want = splash(q, k, v, segments.ids, segments.bounds)
+        with target.compiling_for_mesh(mesh):
+            args = (place(q, "fsdp", None, "tp"), place(k, "fsdp", "tp"), place(v, "fsdp", "tp"),
+                    segments.ids, segments.bounds)
+            assert "manual_computation" in splash.lower(*args).as_text()
+            np.testing.assert_allclose(splash(*args), want, atol=1e-6)
+    with ragged_interpret():
+        want = ragged(decode_q, pool, 1, tables, context)
+        with target.compiling_for_mesh(mesh):
+            args = (place(decode_q, "fsdp", None, "tp"), pool, 1, place(tables, "fsdp"),
+                    place(context, "fsdp"))
+            assert "manual_computation" in ragged.lower(*args).as_text()
+            np.testing.assert_allclose(ragged(*args), want, atol=1e-6)

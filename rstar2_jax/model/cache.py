@@ -41,7 +41,7 @@ from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
 from rstar2_jax.model import target
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.model.tpu_attention import ragged_attend_pages
+from rstar2_jax.model.tpu_attention import ragged_attend_pages, ragged_kernel_supports
 from rstar2_jax.model.transformer import (
     _cudnn_supports,
     attention,
@@ -121,12 +121,21 @@ def pool_shape(config: ModelConfig, num_pages: int, page_size: int,
     return (config.num_layers, num_pages, config.num_kv_heads, page_size, config.head_dim)
 
 
-def empty_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None,
-                interleaved: bool = False) -> tuple:
-    """Zeroed page pools in `dtype` (default: the model's dtype): `(k, v)`, each `pool_shape`,
-    or with `interleaved` `(kv,)`, one pool of both (`KVCache`)."""
+def interleaved_pages(config: ModelConfig, dtype=None) -> bool:
+    """Whether a pool of `dtype` (default: the model's) holds keys and values interleaved, for
+    ragged paged attention: for a TPU target (`target.current`) whose kernel takes the model's
+    heads, head dim and `dtype` (`tpu_attention.ragged_kernel_supports`). Other TPU pools are
+    gathered per row."""
+    return target.current().platform == "tpu" and ragged_kernel_supports(
+        config.num_heads, config.num_kv_heads, config.head_dim, dtype or config.jnp_dtype)
+
+
+def empty_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None) -> tuple:
+    """Zeroed page pools in `dtype` (default: the model's dtype) for the target's decode kernel:
+    `(k, v)`, each `pool_shape`, or where `interleaved_pages` `(kv,)`, one pool of both
+    (`KVCache`)."""
     dtype = dtype or config.jnp_dtype
-    if interleaved:
+    if interleaved_pages(config, dtype):
         return (jnp.zeros(pool_shape(config, num_pages, page_size, True), dtype),)
     shape = pool_shape(config, num_pages, page_size)
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)

@@ -144,6 +144,9 @@ def ragged_attend_pages(q: jax.Array, pool: jax.Array, layer, table: jax.Array,
             num_queries_per_block=min(rows, queries))
 
     mesh, rows, heads = _mesh_axes(batch, (q.shape[2], combined // 2))
+    if heads is not None and not ragged_kernel_supports(
+            q.shape[2] // mesh.shape[heads], combined // 2 // mesh.shape[heads], dim, pool.dtype):
+        heads = None  # a device's share of the heads would not tile: each reads all of them
     if mesh is None:
         out = attend(q[:, 0], pages, table, lengths)
     else:
