@@ -23,11 +23,13 @@ from rstar2_jax.model.transformer import attention
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
-# Packed rows of T tokens ([rows, slots] sequence lengths, T): several sequences per row with a
-# 1-token one and a padding tail; a sequence filling its row beside one of T - 1 tokens and a
-# 1-token one. T is no multiple of 128: the kernel's rows are padded.
-SEVERAL = (np.array([[60, 1, 90, 30], [120, 70, 0, 0]], np.int32), 200)
-FILLING = (np.array([[200, 0], [199, 1]], np.int32), 200)
+# Packed rows of T tokens ([rows, slots] sequence lengths, T), in 3 blocks of 128 (T is no
+# multiple of 128: the kernel's rows are padded): several sequences per row with a 1-token one
+# and a padding tail, sequences spanning blocks, sequences starting at a block's start (the
+# blocks before it skipped); a sequence filling its row beside one of T - 1 tokens and a
+# 1-token one.
+SEVERAL = (np.array([[60, 1, 90, 30], [120, 70, 0, 0], [128, 128, 1, 40]], np.int32), 330)
+FILLING = (np.array([[330, 0], [329, 1]], np.int32), 330)
 
 
 def _packed(layout, dtype, heads=4, kv_heads=2, dim=32):
@@ -72,7 +74,8 @@ def test_the_layouts_hold_several_sequences_per_row_and_the_edge_cases():
     assert (lengths.sum(axis=1) == t).all() and (lengths == t).any()  # one fills its row
 
 
-@pytest.mark.parametrize("layout", [SEVERAL, FILLING], ids=["several", "filling"])
+@pytest.mark.parametrize("layout", [SEVERAL, pytest.param(FILLING, marks=pytest.mark.slow)],
+                         ids=["several", "filling"])
 def test_splash_equals_the_block_kernel_in_float32(layout):
     """Output and q/k/v gradients of a weighted sum, float32: the same up to float32 rounding."""
     got, want, *_ = _splash_and_block(layout, jnp.float32)
@@ -80,6 +83,7 @@ def test_splash_equals_the_block_kernel_in_float32(layout):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [SEVERAL, FILLING], ids=["several", "filling"])
 def test_splash_is_as_close_to_float32_as_the_block_kernel_in_bfloat16(layout):
     """In bfloat16 both kernels round; splash's output and gradients are as close to the
@@ -264,3 +268,42 @@ def test_on_a_mesh_each_device_attends_over_its_rows_and_heads():
                     place(context, "fsdp"))
             assert "manual_computation" in ragged.lower(*args).as_text()
             np.testing.assert_allclose(ragged(*args), want, atol=1e-6)
+
+
+def test_the_hand_counts_of_the_kernels_work():
+    """What XLA's cost analysis cannot see inside the custom calls: ragged paged attention
+    copies whole blocks of 8 pages of 32 (a row of 2,049 tokens: 65 pages in 9 blocks, 72
+    pages; a 1-token row: one block of 8; blocks no wider than the table) of 2 x 8 heads x 128 x 2
+    bytes; splash attention computes the block pairs its mask information names, 2, 3 and 4
+    matmuls each (forward, dq, dkv)."""
+    page = 32 * 2 * 8 * 128 * 2
+    assert tpu_attention.ragged_bytes([2049, 1], 32, 128, 8, 128, 2) == (72 + 8) * page
+    assert tpu_attention.ragged_bytes([100], 32, 4, 8, 128, 2) == 4 * page  # a 4-page table
+    # SEVERAL's rows compute 5, 5 and 3 block pairs (test_splash_computes_only_the_blocks...).
+    pair = 2 * 128 * 128 * 32
+    assert tpu_attention.splash_flops(SEVERAL[0], 330, 4, 32, "fwd") == 13 * 4 * 2 * pair
+    assert tpu_attention.splash_flops(SEVERAL[0], 330, 4, 32, "dkv") == 13 * 4 * 4 * pair
+    # One sequence filling a row of 2,047 tokens (padded to 2,048): 4 x 5 / 2 pairs of 512.
+    assert tpu_attention.splash_flops([[2047]], 2047, 1, 64, "dq") == 10 * 3 * 2 * 512**2 * 64
+
+
+def test_splash_computes_only_the_blocks_each_query_block_needs():
+    """The mask information of SEVERAL's rows (3 blocks of 128): a query block computes the key
+    blocks from the one holding the start of its first query's segment up to its own (the
+    diagonal one under the causal mask: 1, the others whole: 2), and skips the rest (0), so no
+    block joining only other segments is computed."""
+    lengths, t = SEVERAL
+    segments = packed_attention.packed_segments(jnp.asarray(lengths), t)
+    ids = jnp.pad(segments.ids, [(0, 0), (0, 384 - t)], constant_values=-1)
+    first = tpu_attention._first_key_blocks(ids, segments.bounds, 128)
+    # Row 0: block 1 starts inside [61, 151), block 2 inside the tail [181, 330).
+    # Row 1: block 1 inside [120, 190), block 2 inside the tail [190, 330).
+    # Row 2: blocks 1 and 2 start sequences of their own.
+    np.testing.assert_array_equal(first, [[0, 0, 1], [0, 0, 1], [0, 1, 2]])
+    kinds = [np.asarray(tpu_attention._mask_infos(row, 128)[0].block_mask[0]) for row in first]
+    np.testing.assert_array_equal(kinds[0], [[1, 0, 0], [2, 1, 0], [0, 2, 1]])
+    np.testing.assert_array_equal(kinds[2], np.eye(3))
+    forward, dq, dkv = tpu_attention._mask_infos(first[0], 128)
+    # The blocks a step copies in: the computed one, or for a skipped step the next computed.
+    np.testing.assert_array_equal(forward.data_next[0], [[0, 0, 0], [0, 1, 1], [1, 1, 2]])
+    np.testing.assert_array_equal(dkv.data_next[0], [[0, 1, 2], [1, 1, 2], [0, 2, 2]])

@@ -13,26 +13,32 @@ them, so every device attends over its own rows and heads instead of all of them
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as splash_kernel,
+    splash_attention_mask_info as splash_mask_info,
+)
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 from jax.sharding import PartitionSpec as P
 
 from rstar2_jax.model.axes import FSDP, TP
-from rstar2_jax.model.packed_attention import Segments
+from rstar2_jax.model.packed_attention import Segments, packed_segments
 
 # Tokens per splash block: rows are padded to a multiple of `_SPLASH_LANE` (the kernel's
 # least block) and cut into the largest of these that divides them (MaxText's default is 512).
 _SPLASH_BLOCKS = (512, 256, 128)
 _SPLASH_LANE = 128
 # Keys a ragged paged attention block reads at once (its pages of one row, `_RAGGED_KV_TOKENS`
-# / page size of them), and query tokens (rows, in a decode step) per block: the sizes JAX's
-# tuned table gives TPU v6e for pages of 32 tokens and rows up to 512 or more tokens.
-_RAGGED_KV_TOKENS = 512
+# / page size of them), and query tokens (rows, in a decode step) per block: JAX's tuned table
+# for TPU v6e and pages of 32 tokens gives 8 pages for rows of 256 tokens and 32 queries (it
+# stops at rows of 512). The kernel copies in whole blocks (a row's last one padded with its
+# first page), so a row reads up to a block more than it holds: at 2,049 tokens, 72 pages for
+# 65 (1.11x), where blocks of 16 pages would read 80 (1.23x).
+_RAGGED_KV_TOKENS = 256
 _RAGGED_QUERIES = 32
 
 
@@ -53,24 +59,58 @@ def _splash_block(t: int) -> int:
     return next(b for b in _SPLASH_BLOCKS if t % b == 0)
 
 
-@functools.cache
-def _splash_kernel(heads: int, t: int):
-    """Splash attention for rows of t tokens (a multiple of `_SPLASH_LANE`) and `heads` query
-    heads: causal, forward and backward blocks of `_splash_block(t)` tokens."""
-    block = _splash_block(t)
-    mask = splash.MultiHeadMask([splash.CausalMask((t, t))] * heads)
+def _first_key_blocks(ids: jax.Array, bounds: jax.Array, block: int) -> jax.Array:
+    """int32 [B, n]: the first key block each query block of rows of n blocks needs, the block
+    holding the start of its first query's segment (`ids` [B, n * block], its segments' start
+    `bounds` [B, M + 2]): segments are contiguous, so it needs the key blocks from there up to
+    itself and no other (`packed_attention.packed_block_plan`)."""
+    return jnp.take_along_axis(bounds, ids[:, ::block], axis=1) // block
+
+
+def _mask_infos(first: jax.Array, block: int) -> tuple:
+    """Splash attention's mask information for one row from `first` int32 [n] (see
+    `_first_key_blocks`), for the forward, dq and dkv kernels: the blocks a query block needs
+    are computed (the diagonal one under a causal mask, the others whole; the segment ids mask
+    within them), the others skipped, and the block each skipped step points at is the next
+    one computed, so that no block is copied in for nothing. (JAX 0.10.2 builds this form from
+    a dense [T, T] mask per row, `splash_attention_mask_info._process_dynamic_mask`.)"""
+    n = first.shape[0]
+    i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+    needed = (j >= first[:, None]) & (j <= i)
+    # 1: computed under the causal block below; 2: computed whole; 0: skipped.
+    kind = jnp.where(needed, jnp.where(j == i, 1, 2), 0)[None].astype(jnp.int8)
+    index = jnp.int16 if n > 127 else jnp.int8
+    after = jnp.concatenate([first[1:], first[:1]])[:, None]  # the next row's first block
+    kv_next = jnp.where(j < first[:, None], first[:, None], jnp.where(j > i, after, j))
+    q_next = jnp.where(i < j, j, jnp.where(needed, i, j))
+    causal = jnp.tril(jnp.ones((block, block), bool))[None]
+    zeros = jnp.zeros_like(kind)
+
+    def info(data_next, partial):
+        return splash_mask_info.MaskInfo(data_next[None].astype(index), zeros, kind, partial,
+                                         None, True)
+
+    forward = info(kv_next, causal)
+    return forward, forward, info(q_next, jnp.swapaxes(causal, 1, 2))
+
+
+def _splash_rows(q, k, v, ids, first):
+    """Splash attention of rows q [B, H, T, D], k/v [B, K, T, D] (T a multiple of
+    `_SPLASH_LANE`), each token seeing the tokens of its own segment id [B, T] up to itself,
+    computing only the blocks `first` [B, n] says each query block needs."""
+    block = q.shape[2] // first.shape[1]
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                               block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                               block_q_dq=block, block_kv_dq=block)
-    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
 
+    def row(q, k, v, ids, first):
+        kernel = splash_kernel.SplashAttentionKernel(
+            *_mask_infos(first, block), block_sizes=sizes, is_mqa=False, save_residuals=False,
+            mask_value=splash_kernel.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
+            residual_checkpoint_name=None, mask_function=None, interpret=False)
+        return kernel(q, k, v, splash.SegmentIds(ids, ids))
 
-def _splash_rows(q, k, v, ids):
-    """Splash attention of rows q [B, H, T, D], k/v [B, K, T, D] (T a multiple of
-    `_SPLASH_LANE`), each token seeing the tokens of its own segment id [B, T] up to itself."""
-    kernel = _splash_kernel(q.shape[1], q.shape[2])
-    return jax.vmap(lambda q, k, v, ids: kernel(q, k, v, splash.SegmentIds(ids, ids)))(
-        q, k, v, ids)
+    return jax.vmap(row)(q, k, v, ids, first)
 
 
 def splash_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array,
@@ -80,10 +120,11 @@ def splash_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     (`Segments`) up to itself, the padding tail included, as `_packed_attention` does.
 
     Rows are padded to a multiple of `_SPLASH_LANE` tokens with a segment of their own (id -1)
-    and cut after. The kernel's mask is causal and static; the segment ids mask within the
-    blocks it visits, so it computes the causal half of each row (T^2 / 2 scores), where the
-    XLA kernel computes only the blocks each segment reaches. Scores and softmax are float32;
-    the scale is applied to q in float32 before it is cast back (the kernel takes no scale).
+    and cut after, and cut into blocks of `_splash_block` tokens. Like `_packed_attention`, it
+    computes only the key blocks each query block needs (from the one holding the start of its
+    first query's segment up to its own; `_mask_infos`), the segment ids masking within them.
+    Scores and softmax are float32; the scale is applied to q in float32 before it is cast
+    back (the kernel takes no scale).
     """
     b, t, h, d = q.shape
     pad = -t % _SPLASH_LANE
@@ -91,13 +132,16 @@ def splash_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     q = jnp.pad(jnp.swapaxes(q, 1, 2), [(0, 0), (0, 0), (0, pad), (0, 0)])  # [B, H, T', D]
     k, v = (jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) for x in (k, v))
     ids = jnp.pad(segments.ids, [(0, 0), (0, pad)], constant_values=-1)
+    # The padding is under a block: every block's first query is a real token.
+    first = _first_key_blocks(ids, segments.bounds, _splash_block(t + pad))
     mesh, rows, heads = _mesh_axes(b, (h, k.shape[1]))
     if mesh is None:
-        out = _splash_rows(q, k, v, ids)
+        out = _splash_rows(q, k, v, ids, first)
     else:
         spec = P(rows, heads, None, None)
-        out = jax.shard_map(_splash_rows, mesh=mesh, in_specs=(spec, spec, spec, P(rows, None)),
-                            out_specs=spec, check_vma=False)(q, k, v, ids)
+        out = jax.shard_map(_splash_rows, mesh=mesh,
+                            in_specs=(spec, spec, spec, P(rows, None), P(rows, None)),
+                            out_specs=spec, check_vma=False)(q, k, v, ids, first)
     return jnp.swapaxes(out[:, :, :t], 1, 2)
 
 
@@ -166,3 +210,19 @@ def ragged_bytes(lengths, page_size: int, width: int, kv_heads: int, head_dim: i
     page = page_size * 2 * kv_heads * head_dim * itemsize
     return sum(math.ceil(math.ceil(n / page_size) / per_block) * per_block * page
                for n in lengths)
+
+
+def splash_flops(segment_lengths, t: int, heads: int, head_dim: int, kernel: str) -> int:
+    """Matmul FLOPs of `splash_packed_attention`'s `kernel` ("fwd", "dq" or "dkv") over packed
+    rows of t tokens (`segment_lengths` [B, M], as `packed_segments` takes them) and `heads`
+    query heads (XLA's cost analysis counts nothing inside a custom call): the block pairs it
+    computes (`_mask_infos`) times the kernel's matmuls per pair (2, 3, 4) of 2 x block^2 x
+    head_dim each."""
+    segments = packed_segments(jnp.asarray(segment_lengths), t)
+    padded = t + -t % _SPLASH_LANE
+    block = _splash_block(padded)
+    ids = jnp.pad(segments.ids, [(0, 0), (0, padded - t)], constant_values=-1)
+    first = _first_key_blocks(ids, segments.bounds, block)
+    pairs = int(jnp.sum(jnp.arange(first.shape[1]) - first + 1))
+    matmuls = {"fwd": 2, "dq": 3, "dkv": 4}[kernel]
+    return pairs * heads * matmuls * 2 * block * block * head_dim
