@@ -138,29 +138,28 @@ def test_ragged_paged_attention_reads_the_pages_in_place_like_the_gathered_rows(
 
 def test_rows_of_an_interleaved_pool_decoded_by_the_kernel_match_the_full_forward():
     """A tiny Qwen3 with head dim 128 over one interleaved pool (its rows' pages scattered, a
-    page no row holds): prefilled in two ragged chunks (the gathered path), then decoded by
-    ragged paged attention, it gives the full causal forward's logits, and the page no row
-    holds stays empty."""
+    page no row holds): prompts of 7 and 3 tokens prefilled in one call (the gathered path),
+    then decoded a token at a time by ragged paged attention, each step gives the full causal
+    forward's logits at its position; the page no row holds stays empty."""
     config, params = tiny_random_model("qwen3", head_dim=128)
     seqs = np.random.default_rng(4).integers(0, config.vocab_size, (2, 11)).astype(np.int32)
     pages = np.random.default_rng(5).permutation(9)  # page 8 belongs to no row
     pool = jnp.zeros(pool_shape(config, 9, 3, interleaved=True), jnp.float32)
     cache = KVCache(k=pool, v=None, block_table=jnp.asarray([pages[:4], pages[4:8]], jnp.int32),
                     lengths=jnp.zeros((2,), jnp.int32))
-    logits = np.zeros((2, 11, config.vocab_size), np.float32)
+    steps = []
     with ragged_interpret():
-        for num_new in ([5, 2], [4, 7], *([[1, 1]] * 2)):
-            start = np.asarray(cache.lengths)
-            tokens = np.zeros((2, max(num_new)), np.int32)
-            for b, n in enumerate(num_new):
-                tokens[b, :n] = seqs[b, start[b]:start[b] + n]
-            out, cache = forward_cached(params, config, jnp.asarray(tokens), cache,
-                                        jnp.asarray(num_new, jnp.int32))
-            for b, n in enumerate(num_new):
-                logits[b, start[b]:start[b] + n] = np.asarray(out)[b, :n]
+        _, cache = forward_cached(params, config, jnp.asarray(seqs[:, :7]), cache,
+                                  jnp.asarray([7, 3], jnp.int32))
+        for _ in range(4):
+            at = np.asarray(cache.lengths)
+            out, cache = forward_cached(params, config, jnp.asarray(seqs[[0, 1], at][:, None]), cache)
+            steps.append((at, np.asarray(out)[:, 0]))
 
     full = np.asarray(forward(params, config, jnp.asarray(seqs)))
-    assert np.abs(logits - full).max() <= 1e-4
+    for at, out in steps:
+        np.testing.assert_allclose(out, full[[0, 1], at], atol=1e-4)
+    assert [at.tolist() for at, _ in steps] == [[7, 3], [8, 4], [9, 5], [10, 6]]
     assert cache.interleaved and not np.asarray(cache.k[:, pages[8]]).any()
 
 

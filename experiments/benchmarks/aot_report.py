@@ -442,14 +442,15 @@ def _attention_by_hand(costs, program: Program, config: ModelConfig, where: targ
     block-skipping kernel's loops (its plan), or a decode step's page loop (the model's)."""
     splash = [c for c in costs if c.target == "tpu_custom_call" and c.name.startswith("splash_mha_")]
     if splash:
-        inputs = program.args[-1]["inputs"].shape  # [rows, T] of the whole batch
-        rows = inputs[0] // program.passes // (program.fsdp if inputs[0] % program.fsdp == 0 else 1)
+        rows, t = program.args[-1]["inputs"].shape  # the whole batch's
+        # A call covers one micro-batch's rows (a chip: its share of them, its heads).
+        share = program.passes * (program.fsdp if rows % program.fsdp == 0 else 1)
         heads = config.num_heads // (program.tp if config.num_kv_heads % program.tp == 0 else 1)
         kinds = {kind: sum(c.times for c in splash if c.name.startswith(f"splash_mha_{kind}"))
                  for kind in ("fwd", "dq", "dkv")}
-        return (sum(n * tpu_attention.splash_flops(rows, heads, inputs[1], config.head_dim, kind)
-                    for kind, n in kinds.items()),
-                "splash attention by its causal blocks: " + ", ".join(
+        return (sum(n * tpu_attention.splash_flops(program.segments, t, heads, config.head_dim,
+                                                   kind) / share for kind, n in kinds.items()),
+                "splash attention by the block pairs it computes: " + ", ".join(
                     f"{n} {kind} calls" for kind, n in kinds.items()))
     ragged = [c for c in costs if c.target == "tpu_custom_call"
               and c.name.startswith("ragged_paged_attention")]

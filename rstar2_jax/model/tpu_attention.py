@@ -17,6 +17,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_kernel as splash_kernel,
@@ -26,7 +27,7 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_
 from jax.sharding import PartitionSpec as P
 
 from rstar2_jax.model.axes import FSDP, TP
-from rstar2_jax.model.packed_attention import Segments, packed_segments
+from rstar2_jax.model.packed_attention import Segments
 
 # Tokens per splash block: rows are padded to a multiple of `_SPLASH_LANE` (the kernel's
 # least block) and cut into the largest of these that divides them (MaxText's default is 512).
@@ -217,12 +218,14 @@ def splash_flops(segment_lengths, t: int, heads: int, head_dim: int, kernel: str
     rows of t tokens (`segment_lengths` [B, M], as `packed_segments` takes them) and `heads`
     query heads (XLA's cost analysis counts nothing inside a custom call): the block pairs it
     computes (`_mask_infos`) times the kernel's matmuls per pair (2, 3, 4) of 2 x block^2 x
-    head_dim each."""
-    segments = packed_segments(jnp.asarray(segment_lengths), t)
-    padded = t + -t % _SPLASH_LANE
-    block = _splash_block(padded)
-    ids = jnp.pad(segments.ids, [(0, 0), (0, padded - t)], constant_values=-1)
-    first = _first_key_blocks(ids, segments.bounds, block)
-    pairs = int(jnp.sum(jnp.arange(first.shape[1]) - first + 1))
+    head_dim each. Counted on the host (a compile-only target's device cannot run JAX)."""
+    block = _splash_block(t + -t % _SPLASH_LANE)
+    ends = np.minimum(np.cumsum(np.asarray(segment_lengths), axis=1), t)
+    starts = np.concatenate([np.zeros((len(ends), 1), ends.dtype), ends], axis=1)
+    firsts = np.arange(0, t, block)  # each block's first query: a real token
+    # The segment holding a query starts at the last segment start at or before it.
+    segment_start = np.stack([row[np.searchsorted(row, firsts, side="right") - 1]
+                              for row in starts])
+    pairs = int(np.sum(np.arange(len(firsts)) - segment_start // block + 1))
     matmuls = {"fwd": 2, "dq": 3, "dkv": 4}[kernel]
     return pairs * heads * matmuls * 2 * block * block * head_dim
