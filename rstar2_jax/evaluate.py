@@ -22,7 +22,7 @@ from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.parallel.hosts import claims, gather, gather_questions
-from rstar2_jax.runtime import RolloutRuntime, score_rollouts
+from rstar2_jax.sampler.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
 from rstar2_jax.sandbox.result import without_time
 from rstar2_jax.tokenizer import open_tokenizer

@@ -3,7 +3,7 @@
 Eight fake CPU devices so that sharded code is exercised; the flag must be set before jax is
 imported anywhere in the test process.
 
-Most of the suite's time is XLA compiling small programs (85% of test_train_rl_update.py's on a
+Most of the suite's time is XLA compiling small programs (85% of test_rl_update.py's on a
 2-core machine, 238 programs). The tests check what programs compute, not how fast they run, so
 they are compiled with few optimizations (JAX's ``jax_disable_most_optimizations``: half the
 compile time) and by XLA:CPU's older loop emitters (``--xla_cpu_use_fusion_emitters=false``:

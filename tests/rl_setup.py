@@ -38,7 +38,7 @@ def rl_overrides(d, run, steps, *overrides):
             "rl.rollouts_per_question=8", "rl.group_size=4", "rl.max_prompt_tokens=128",
             "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "rollout.num_slots=8",
             "rollout.chunk=16", "rollout.show_tool_time=false", "rollout.sandbox_workers=1",
-            "rollout.tool_timeout_s=30", "rollout.verifier_timeout_s=30", "checkpoint.every=1", *overrides]
+            "rollout.sandbox.timeout_s=30", "rollout.verifier_timeout_s=30", "checkpoint.every=1", *overrides]
 
 
 def write_rl_setup(d):

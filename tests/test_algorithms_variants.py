@@ -31,6 +31,7 @@ from rstar2_jax.algorithms import (
     gmpo_loss,
     gpg_loss,
     gspo_loss,
+    algorithm_spec,
     resolve_algorithm,
     sapo_loss,
 )
@@ -180,6 +181,10 @@ def test_an_import_path_resolves_user_code(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     mine = resolve_algorithm("my_algorithms:MINE")
     assert isinstance(mine, Algorithm) and mine.select is GRPO_ROC.select
+    # ... and back: the name a run records for an algorithm it was given by value.
+    assert algorithm_spec(mine) == "my_algorithms:MINE"
+    assert algorithm_spec(GRPO_ROC_RELEASED) == "grpo_roc_released"
+    assert algorithm_spec(dataclasses.replace(mine, loss=gspo_loss)) is None  # nothing names it
     for spec, message in [("nope", "unknown algorithm 'nope'.*grpo_roc"),
                           ("no_such_module_xyz:X", "cannot import module 'no_such_module_xyz'"),
                           ("my_algorithms:OTHER", "has no 'OTHER'"),

@@ -74,6 +74,7 @@ def recorded(monkeypatch):
 
     monkeypatch.setattr(kv, "cudnn_attend_pages", record("cudnn paged", lambda q, *_: q))
     monkeypatch.setattr(kv, "attend_pages", record("page by page", lambda q, *_, **__: q))
+    monkeypatch.setattr(kv, "pallas_attend_pages", record("pallas paged", lambda q, *_: q))
     monkeypatch.setattr(transformer, "_cudnn_causal", record("cudnn causal", lambda q, *_: q))
     monkeypatch.setattr(transformer, "_packed_attention",
                         record("block skipping", lambda q, *_: q))
@@ -81,7 +82,7 @@ def recorded(monkeypatch):
     def no_check(*_):
         raise AssertionError("a compile-only target ran a kernel check")
 
-    monkeypatch.setattr(kv, "_cudnn_pages_agree", no_check)
+    monkeypatch.setattr(kv, "_pages_agree", no_check)
     monkeypatch.setattr(transformer, "_cudnn_packed_agrees", no_check)
     return calls
 
@@ -124,12 +125,14 @@ def test_the_same_programs_compiled_for_this_cpu_take_the_cpu_kernels(recorded):
 
 
 def test_packed_rows_take_the_block_kernel_before_hopper_and_on_rocm(recorded):
+    """Packed rows need cuDNN on Hopper or later; an A100's decode steps still read their pages
+    by cuDNN's paged kernel, an MI300X's by the Pallas one."""
     for device in (A100, MI300X):
         with target.compiling_for(device, compile_only=True):
             _trace_decode_step()
             _trace_packed_logprobs()
-    # The A100's decode step is cuDNN's; ROCm gathers each row's pages (no kernel recorded).
-    assert recorded == ["cudnn paged", "block skipping", "block skipping"]
+    # The A100's decode step is cuDNN's, the MI300X's the Pallas kernel.
+    assert recorded == ["cudnn paged", "block skipping", "pallas paged", "block skipping"]
 
 
 def test_a_device_this_process_cannot_run_on_needs_compile_only():

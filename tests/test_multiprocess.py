@@ -21,7 +21,7 @@ from rstar2_jax.train.checkpoint import Checkpointer
 from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.rl import run_rl
+from rstar2_jax.rl.loop import run_rl
 from rstar2_jax.train.sft import run_sft
 from sft_setup import write_sft_setup
 
@@ -182,7 +182,7 @@ def test_packed_batches_across_two_processes_train_as_one_padded_process(job, re
         args, config, run, last_step = _rl_args(d, "two_packed"), RLJobConfig, run_rl, 2
         reference = [*_rl_args(d, "one_padded")[1:], "rl.packed=false"]
         packed = "rl.packed=true"
-    # Adam's eps: see tests/test_train_rl.py::test_packed_rl_steps_train_as_padded_ones.
+    # Adam's eps: see tests/test_rl_loop.py::test_packed_rl_steps_train_as_padded_ones.
     reference = run(load_config(config, overrides=[*reference, "optimizer.eps=1e-4"]), progress=False)
     results = _finish(_start([*args, packed, "optimizer.eps=1e-4"]))
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]

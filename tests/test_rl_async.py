@@ -1,8 +1,10 @@
 """Asynchronous RL (``rl.max_staleness`` = k): the pipelined loop at k = 0 is the synchronous
 loop; at k > 0 each step's rollouts come from the policy k updates back (version stamps, the
 bound, the staleness metrics), the same whether the trainer or the sampler is the slow side;
-a failure on either side ends the run with its error."""
+a failure on either side ends the run with its error, a SIGTERM with the checkpoint kept."""
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -11,14 +13,18 @@ import numpy as np
 import pytest
 
 from rl_setup import copied_rl_setup, rl_overrides
+from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import load_hf
+from rstar2_jax.sampler import AgentSampler
 from rstar2_jax.sampler.engine import Engine
-from rstar2_jax.train import rl
+from rstar2_jax.rl import loop as rl
+from rstar2_jax.train.checkpoint import Checkpointer, restore_params
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.rl import RLLoop, run_rl
+from rstar2_jax.rl.loop import run_rl
+from rstar2_jax.rl.step import RLStep
 
 STEPS = 4
 
@@ -60,7 +66,7 @@ def test_the_pipelined_loop_at_staleness_0_is_the_synchronous_loop(sft_model, mo
 
 
 class Recorder:
-    """Wraps `RLLoop.rollout` / `RLLoop.train` to record, at each rollout's start, the version
+    """Wraps `RLStep.rollout` / `RLStep.train` to record, at each rollout's start, the version
     it samples with and how many updates the trainer had finished, and the versions stamped on
     each step's trained tokens; ``slow`` ("trainer" or "sampler") holds one side back."""
 
@@ -71,7 +77,7 @@ class Recorder:
         self.versions = {}  # step -> StepRollouts.versions of its trained rollouts
         self.held = []  # params versions the pipeline holds after each publish
         self.sampler_ahead = threading.Event()
-        rollout, train, publish = RLLoop.rollout, RLLoop.train, rl._Pipeline.publish
+        rollout, train, publish = RLStep.rollout, RLStep.train, rl._Pipeline.publish
 
         def slow_rollout(loop, params, step, rng, version, **kwargs):
             self.rollouts[step] = version, self.updates_done
@@ -99,8 +105,8 @@ class Recorder:
             publish(pipe, version, params)
             self.held.append(len(pipe._params))
 
-        monkeypatch.setattr(RLLoop, "rollout", slow_rollout)
-        monkeypatch.setattr(RLLoop, "train", slow_train)
+        monkeypatch.setattr(RLStep, "rollout", slow_rollout)
+        monkeypatch.setattr(RLStep, "train", slow_train)
         monkeypatch.setattr(rl._Pipeline, "publish", counted_publish)
 
 
@@ -145,14 +151,14 @@ def test_a_fixed_lag_gives_the_same_run_whichever_side_is_slow(slow_runs):
 
 
 def test_a_failing_sampler_ends_the_run_with_its_error(sft_model, monkeypatch):
-    rollout = RLLoop.rollout
+    rollout = RLStep.rollout
 
     def failing(loop, params, step, rng, version, **kwargs):
         if step == 2:
             raise RuntimeError("the sandbox went away")
         return rollout(loop, params, step, rng, version, **kwargs)
 
-    monkeypatch.setattr(RLLoop, "rollout", failing)
+    monkeypatch.setattr(RLStep, "rollout", failing)
     with pytest.raises(RuntimeError, match="the sandbox went away") as e:
         run_rl(_config(sft_model, "sampler_fails", 1), progress=False)
     assert any("RL sampler thread, rolling out step 3" in n for n in e.value.__notes__)
@@ -164,7 +170,7 @@ def test_a_failing_trainer_stops_the_rollout_in_flight(sft_model, monkeypatch):
     # At k = 1 the sampler rolls out step 3 while the trainer trains step 2. The trainer fails
     # (as on an error or a Ctrl-C) during that rollout's first decode call: the rollout ends
     # there, not at the end of the step (minutes at scale), and the run raises the error.
-    rollout, train, decode = RLLoop.rollout, RLLoop.train, Engine.decode
+    rollout, train, decode = RLStep.rollout, RLStep.train, Engine.decode
     in_flight, failed = threading.Event(), threading.Event()
     current, calls = {}, []  # the sampler's step and stop event; step 3's decode calls
 
@@ -189,8 +195,8 @@ def test_a_failing_trainer_stops_the_rollout_in_flight(sft_model, monkeypatch):
             raise FloatingPointError("the loss is NaN")
         return train(loop, state, rollouts)
 
-    monkeypatch.setattr(RLLoop, "rollout", watched_rollout)
-    monkeypatch.setattr(RLLoop, "train", failing)
+    monkeypatch.setattr(RLStep, "rollout", watched_rollout)
+    monkeypatch.setattr(RLStep, "train", failing)
     monkeypatch.setattr(Engine, "decode", watched_decode)
     with pytest.raises(FloatingPointError, match="the loss is NaN"):
         run_rl(_config(sft_model, "trainer_fails", 1), progress=False)
@@ -234,13 +240,13 @@ def _devices(tree) -> list[int]:
 def sampled_on(monkeypatch):
     """The devices of the params each step's rollouts are sampled with, in step order."""
     seen = {}
-    rollout = RLLoop.rollout
+    rollout = RLStep.rollout
 
     def spy(loop, params, step, rng, version, **kwargs):
         seen[step] = _devices(params)
         return rollout(loop, params, step, rng, version, **kwargs)
 
-    monkeypatch.setattr(RLLoop, "rollout", spy)
+    monkeypatch.setattr(RLStep, "rollout", spy)
     return seen
 
 
@@ -299,13 +305,13 @@ def test_partial_rollouts_take_each_update_and_stay_within_the_bound(sft_model, 
     # so rollouts in flight go on with them; a token is never older than the bound allows and
     # never newer than the updates done.
     posted = []
-    post = rl.AgentSampler.update_weights
+    post = AgentSampler.update_weights
 
     def record(sampler, params, version):
         posted.append(version)
         post(sampler, params, version)
 
-    monkeypatch.setattr(rl.AgentSampler, "update_weights", record)
+    monkeypatch.setattr(AgentSampler, "update_weights", record)
     state = run_rl(_config(sft_model, "partial", 1, STEPS, "rollout.on_weight_update=keep"),
                    progress=False)
     assert posted == list(range(1, STEPS))
@@ -317,7 +323,46 @@ def test_partial_rollouts_take_each_update_and_stay_within_the_bound(sft_model, 
 
 def test_finish_refuses_weights_mid_rollout():
     from rstar2_jax.sampler.settings import RolloutSettings
-    sampler = object.__new__(rl.AgentSampler)  # the check comes before any engine is needed
+    sampler = object.__new__(AgentSampler)  # the check comes before any engine is needed
     sampler.settings = RolloutSettings()
     with pytest.raises(ValueError, match="on_weight_update=finish"):
         sampler.update_weights({}, 1)
+
+
+def test_sigterm_during_an_async_step_keeps_the_checkpoint_and_the_command_resumes_it(
+        sft_model, monkeypatch, capsys):
+    """Issue 51: SIGTERM takes Ctrl-C's path. At k = 1 it comes while the trainer trains step 3
+    and the sampler rolls out step 4; checkpoints 1 and 2 stay (2's save may still be in
+    flight), the sampler thread ends, and the same command resumes from step 2 as any resume
+    from that checkpoint does (at k > 0 the rollouts in flight are not saved, so the reference
+    is a run stopped at step 2 and continued, not one that never stopped)."""
+    d = sft_model
+    command = ["rl", *rl_overrides(d, "terminated", 3, "rl.mini_batches=2", "mesh.fsdp=1",
+                                   "rl.max_staleness=1")]
+    train = RLStep.train
+
+    def terminated(loop, state, rollouts):
+        if rollouts.step == 2:
+            # (Without the job's handler the signal would end the test process.)
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "SIGTERM is not handled"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train(loop, state, rollouts)
+
+    monkeypatch.setattr(RLStep, "train", terminated)
+    assert main(command) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"stopped by SIGTERM; run the same command again to resume from the newest checkpoint "
+        f"in {d}/terminated")
+    assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
+    assert Checkpointer(d / "terminated" / "checkpoints").steps() == [1, 2]
+    assert [r["step"] for r in read_metrics(d / "terminated")] == [1, 2]
+
+    monkeypatch.undo()
+    assert main(command) == 0
+    run_rl(_config(d, "stopped_at_2", 1, 2), progress=False)
+    reference = run_rl(_config(d, "stopped_at_2", 1, 3), progress=False)
+    resumed = restore_params(d / "terminated" / "checkpoints")
+    assert int(resumed.state.step) == 3
+    for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(resumed.state.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    assert [r["step"] for r in read_metrics(d / "terminated")] == [1, 2, 3]

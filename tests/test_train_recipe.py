@@ -7,11 +7,12 @@ import jax
 import numpy as np
 import pytest
 
+from rstar2_jax.algorithms import resolve_algorithm
 from rstar2_jax.config import load_config
 from rstar2_jax.model import ModelConfig, init_params, load_hf, save_hf
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig
-from rstar2_jax.train.rl import reference_params
-from rstar2_jax.train.rl_update import RLUpdate
+from rstar2_jax.rl.loop import reference_params
+from rstar2_jax.rl.update import RLUpdate
 from rstar2_jax.train.run import start_run
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
@@ -65,7 +66,8 @@ def test_stages_chain_on_a_tiny_checkpoint(tmp_path):
             for a, b in zip(jax.tree.leaves(previous_params), jax.tree.leaves(run.state.params)):
                 np.testing.assert_array_equal(a, np.asarray(b))
         update = RLUpdate(run.model_config, cfg.rl, run.optimizer, mesh=run.mesh,
-                          param_specs=run.param_specs, params=run.state.params)
+                          param_specs=run.param_specs, params=run.state.params,
+                          loss=resolve_algorithm(cfg.rl.algorithm).loss)
         state, metrics = update(run.state, _batch(seed=i))
         assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
         run.finish_step(state, metrics, rng=run.rng, data_position={"question": 8 * i})
@@ -86,7 +88,7 @@ def test_each_paper_stage_runs_one_rl_step(tmp_path, stage):
     from rstar2_jax.data.datasets import Problem, save_problems
     from rstar2_jax.toy.tokenizer import build_tokenizer
     from rstar2_jax.train.metrics import read_metrics
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     problems = [Problem(f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
     save_problems(tmp_path / "problems.jsonl", problems)
@@ -130,7 +132,8 @@ def test_the_reference_is_the_stage_initial_weights_fresh_and_resumed(tmp_path):
                         checkpoint=cfg.checkpoint, init_from=cfg.stage.init_from, progress=False)
         reference = reference_params(cfg, run)
         update = RLUpdate(run.compute_config, cfg.rl, run.optimizer, mesh=run.mesh,
-                          param_specs=run.param_specs, params=run.state.params, reference=reference)
+                          param_specs=run.param_specs, params=run.state.params, reference=reference,
+                          loss=resolve_algorithm(cfg.rl.algorithm).loss)
         step = run.step
         state, metrics = update(run.state, _batch(seed=step))  # donates run.state
         run.finish_step(state, metrics, rng=run.rng, data_position={"question": step + 1})

@@ -96,7 +96,7 @@ from rstar2_jax.sampler.engine import (PREFILL_ROWS, PREFILL_WIDTH, bucket, deco
                                        prefill, table_width)
 from rstar2_jax.sampler.sampling import SamplingParams  # noqa: E402
 from rstar2_jax.train.configs import PrecisionConfig, RLConfig  # noqa: E402
-from rstar2_jax.train.scale_plan import PRESETS  # noqa: E402
+from rstar2_jax.rl.scale_plan import PRESETS  # noqa: E402
 
 AOT = Path(__file__).parent / "aot"
 MODELS = DECODE_MODELS | PRESETS
@@ -194,6 +194,7 @@ class Program:
     kwargs: dict
     model_flops: float  # per unit (decode: per step; else per call)
     base_bytes: int  # what it must hold: params (+ page pools, + optimizer state)
+    computed_flops: float | None = None  # the model's count on every token computed (padding too)
     least_bytes: float | None = None  # what it must move, per unit
     per: int = 1  # units per call (decode: the chunk's steps, the loop it runs them in)
     attention_fwd: float = 0.0  # forward attention FLOPs per unit, as the model counts them
@@ -348,7 +349,8 @@ def _update_config(config: ModelConfig, args) -> tuple[ModelConfig, PrecisionCon
 
 def update_program(config: ModelConfig, args, mesh) -> Program:
     from rstar2_jax.parallel.sharding import batch_spec, param_specs
-    from rstar2_jax.train.rl_update import rl_loss
+    from rstar2_jax.algorithms import GRPO_ROC
+    from rstar2_jax.rl.update import rl_loss
     from rstar2_jax.train.step import TrainState, make_train_step, state_shardings
 
     master, policy, rl = _update_config(config, args)
@@ -361,27 +363,30 @@ def update_program(config: ModelConfig, args, mesh) -> Program:
     packed, lengths = _packed_batch(master, args)
     rows = NamedSharding(mesh, batch_spec())
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows) for k, v in packed.items()}
-    loss = functools.partial(rl_loss, model_config=policy.compute_config(master), config=rl)
+    loss = functools.partial(rl_loss, model_config=policy.compute_config(master), config=rl,
+                             loss=GRPO_ROC.loss)
     step = make_train_step(loss, OPTIMIZER, micro_batches=args.micro_batches, mesh=mesh,
                            param_specs=specs, params=params)
-    tokens = int(np.sum(lengths))
+    tokens, computed = int(np.sum(lengths)), packed["inputs"].size
     attention = attention_flops(master, lengths)
     # Attention's forward runs again in the backward under either policy (`run_decoder` saves
     # only the projections' outputs, or nothing with remat).
     return Program(step, (state, batch), {},
                    model_flops=(6 * matmul_params(master) * tokens + attention) / mesh.size,
+                   computed_flops=(6 * matmul_params(master) * computed + attention) / mesh.size,
                    base_bytes=_tree_bytes(state) + _tree_bytes(state.params),  # + float32 gradients
                    attention_fwd=attention / 3 / mesh.size, passes=args.micro_batches,
                    segments=packed["segment_lengths"], forwards=2, backwards=1,
                    fsdp=mesh.shape["fsdp"], tp=mesh.shape["tp"],
                    note=f"{args.preset}: {len(lengths)} sequences, {tokens:,} tokens in "
-                        f"{packed['inputs'].shape[0]} rows of {packed['inputs'].shape[1] + 1}, "
-                        f"{args.micro_batches} micro-batches, remat {args.remat}")
+                        f"{packed['inputs'].shape[0]} rows of {packed['inputs'].shape[1] + 1} "
+                        f"(padding {1 - tokens / computed:.0%}), {args.micro_batches} "
+                        f"micro-batches, remat {args.remat}")
 
 
 def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     from rstar2_jax.parallel.sharding import batch_spec, param_specs
-    from rstar2_jax.train.rl_update import _old_logprobs
+    from rstar2_jax.rl.update import _old_logprobs
 
     master, policy, rl = _update_config(config, args)
     specs = param_specs(master, mesh)
@@ -398,6 +403,8 @@ def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     attention = attention_flops(master, lengths) / 3  # the forward alone
     return Program(fn, (params, shifted), {},
                    model_flops=(2 * matmul_params(master) * tokens + attention) / mesh.size,
+                   computed_flops=(2 * matmul_params(master) * packed["inputs"].size + attention)
+                   / mesh.size,
                    base_bytes=_tree_bytes(params), attention_fwd=attention / mesh.size,
                    passes=args.micro_batches, segments=packed["segment_lengths"],
                    fsdp=mesh.shape["fsdp"], tp=mesh.shape["tp"],
@@ -435,6 +442,11 @@ def _custom_calls(text: str) -> dict[str, int]:
     return found
 
 
+def _attention_call(cost) -> bool:
+    """A custom call that is attention: cuDNN's, or a Pallas kernel (Triton on GPUs)."""
+    return cost.target.startswith("__cudnn$fmha") or cost.target == "__gpu$xla.gpu.triton"
+
+
 def _attention_by_hand(costs, program: Program, config: ModelConfig, where: target.Target,
                        dependent) -> tuple[float, str]:
     """FLOPs of the attention the matmul count cannot see, and how they were counted: cuDNN's
@@ -457,20 +469,23 @@ def _attention_by_hand(costs, program: Program, config: ModelConfig, where: targ
     if ragged:
         return (sum(c.times for c in ragged) * program.ragged_flops_per_layer,
                 "ragged paged attention by hand: the keys of the pages it reads")
-    calls = [c for c in costs if c.target.startswith("__cudnn$fmha")]
+    calls = [c for c in costs if _attention_call(c)]
     if calls:
         forward = sum(c.times for c in calls if "Backward" not in c.target)
         backward = sum(c.times for c in calls if "Backward" in c.target)
         per_call = program.attention_fwd / (config.num_layers * program.passes)
         return ((forward + 2 * backward) * per_call,
-                f"cuDNN attention by hand: {forward} forward, {backward} backward calls")
+                f"attention kernels by hand: {forward / program.per:.0f} forward, "
+                f"{backward / program.per:.0f} backward calls")
     if not any(c.flops and dependent(c) for c in costs):
         return 0.0, ""
     if program.segments is not None:
         block = packed_attention._BLOCK
         group = packed_attention._GROUP if where.accelerator else 1
         t = program.args[-1]["inputs"].shape[1]
-        forward, backward = packed_attention.packed_block_visits(program.segments, t, block, group)
+        with jax.default_device(jax.devices("cpu")[0]):  # the plan is counted on the host
+            forward, backward = packed_attention.packed_block_visits(program.segments, t, block,
+                                                                     group)
         per_matmul = 2 * block**2 * config.head_dim * config.num_heads * config.num_layers
         return ((forward * 2 * program.forwards + backward * 5 * program.backwards) * per_matmul,
                 f"block-skipping attention by its plan: {forward:,} forward, {backward:,} "
@@ -478,7 +493,8 @@ def _attention_by_hand(costs, program: Program, config: ModelConfig, where: targ
     return program.attention_fwd * program.per, "attention of the page loop by the model's count"
 
 
-def measure(program: Program, where: target.Target, config: ModelConfig, options: dict) -> dict:
+def measure(program: Program, where: target.Target, config: ModelConfig, options: dict,
+            show: int = 0, hlo: str | None = None) -> dict:
     """Compiles `program` for the current target and reads the figures (see the module doc)."""
     start = time.perf_counter()
     try:
@@ -491,6 +507,8 @@ def measure(program: Program, where: target.Target, config: ModelConfig, options
                 "does_not_fit": str(e).split("\n")[0][:400], "base_bytes": program.base_bytes}
     seconds = time.perf_counter() - start
     text = compiled.as_text()
+    if hlo:
+        Path(hlo).write_text(text)
     memory = compiled.memory_analysis()
     costs = hlo_bytes.costs(text, unknown_trips=program.per)
     own = 1 if program.per > 1 else 0  # the decode chunk's loop: `per` steps
@@ -500,18 +518,23 @@ def measure(program: Program, where: target.Target, config: ModelConfig, options
 
     hand, how = _attention_by_hand(costs, program, config, where, dependent)
     flops = sum(c.flops * c.times for c in costs if not dependent(c)) + hand
-    def by_hand(c):  # the bytes a paged attention kernel reads, not its whole pool operand
-        if program.kv_per_layer and c.target.startswith("__cudnn$fmha"):
-            return program.kv_per_layer
+    def charged(c):  # bytes per run of the program
+        # A paged decode kernel's operands are the whole pools; it reads the live keys and
+        # values (and writes its output): cuDNN's or Triton's, or ragged paged attention on a
+        # TPU, by the page blocks it copies in.
+        if program.kv_per_layer and _attention_call(c):
+            return (program.kv_per_layer + c.out) * c.times
         if c.target == "tpu_custom_call" and c.name.startswith("ragged_paged_attention"):
-            return program.ragged_per_layer
-        return c.bytes
+            return (program.ragged_per_layer + c.out) * c.times
+        return c.bytes * c.times
 
-    moved = sum(by_hand(c) * c.times for c in costs)
+    moved = sum(map(charged, costs))
     layer = [c for c in costs if any(trips == config.num_layers for _, trips in c.loops)]
+    largest = sorted(costs, key=lambda c: -charged(c))[:show]
     return {
         "compile_s": round(seconds, 1), "note": program.note, "flops_note": how,
         "flops": flops / program.per, "model_flops": program.model_flops,
+        "computed_flops": program.computed_flops,
         "bytes": moved / program.per, "least_bytes": program.least_bytes,
         "bytes_note": "data-dependent loops counted once" if any(map(dependent, costs)) else "",
         "peak_bytes": memory.peak_memory_in_bytes, "temp_bytes": memory.temp_size_in_bytes,
@@ -520,6 +543,7 @@ def measure(program: Program, where: target.Target, config: ModelConfig, options
         "launches_per_layer": (sum(c.times for c in layer) / program.per / config.num_layers
                                if program.per > 1 else None),
         "custom_calls": _custom_calls(text),
+        "largest": [(charged(c) / program.per, c.name, c.source) for c in largest],
     }
 
 
@@ -542,7 +566,10 @@ def report(name: str, r: dict, memory: int | None) -> str:
                 f"{_size(r['base_bytes'])}): {r['does_not_fit']}")
     lines = [f"{name}: {r['note']}; compile {r['compile_s']:.1f} s",
              f"  flops  {_size(r['flops'], 'FLOP')} = {_ratio(r['flops'], r['model_flops'])} the "
-             f"model's {_size(r['model_flops'], 'FLOP')}" + (f" ({r['flops_note']})" if r['flops_note'] else ""),
+             f"model's {_size(r['model_flops'], 'FLOP')}"
+             + (f", {_ratio(r['flops'], r['computed_flops'])} its count on every token computed"
+                if r["computed_flops"] else "")
+             + (f" ({r['flops_note']})" if r['flops_note'] else ""),
              f"  bytes  {_size(r['bytes'])}" + (f" = {_ratio(r['bytes'], r['least_bytes'])} the least "
                                                f"{_size(r['least_bytes'])}" if r['least_bytes'] else "")
              + (f" ({r['bytes_note']})" if r['bytes_note'] else ""),
@@ -554,7 +581,15 @@ def report(name: str, r: dict, memory: int | None) -> str:
                      "per layer)")
     lines.append("  custom calls " + (", ".join(f"{k} x{v}" for k, v in sorted(r["custom_calls"].items()))
                                       or "none"))
+    lines += [f"    {_size(moved):>10}  {name} ({source})" for moved, name, source in r["largest"]]
     return "\n".join(lines)
+
+
+def _option(value: str):
+    """An XLA option's value as its type: a bool, an int, or the string."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return int(value) if value.lstrip("-").isdigit() else value
 
 
 def build(name: str, config: ModelConfig, args, mesh, rows: int | None = None) -> Program:
@@ -588,7 +623,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--logprob-chunk", type=int, default=256)
     parser.add_argument("--xla", nargs="*", default=[], metavar="OPTION=VALUE",
                         help="XLA compiler options, e.g. xla_gpu_enable_command_buffer=")
+    parser.add_argument("--show", type=int, default=0,
+                        help="list this many of each program's largest instructions (bytes)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--hlo", help="write each program's optimized HLO into this folder")
     args = parser.parse_args(argv)
 
     fsdp, tp = (int(n) for n in args.mesh.split("x"))
@@ -600,7 +638,7 @@ def main(argv=None) -> list[dict]:
     config = MODELS[args.model]
     config = dataclasses.replace(config, dtype="bfloat16", **(
         {"num_layers": args.layers} if args.layers else {}))
-    options = dict(option.split("=", 1) for option in args.xla)
+    options = {key: _option(value) for key, value in (o.split("=", 1) for o in args.xla)}
     memory = device_memory(args.target)
     mesh = Mesh(np.array(devices).reshape(fsdp, tp), ("fsdp", "tp"))
     print(f"target {args.target}: {device.device_kind}, mesh fsdp {fsdp} x tp {tp}; jax "
@@ -614,7 +652,9 @@ def main(argv=None) -> list[dict]:
                   _cudnn_asks_the_target(where)):
                 program = build(name, config, args, mesh, rows)
                 result = measure(program, where, config if name not in ("update", "old-logprobs")
-                                 else dataclasses.replace(config, dtype="float32"), options)
+                                 else dataclasses.replace(config, dtype="float32"), options,
+                                 args.show, args.hlo and f"{args.hlo}/{args.target}_{name}"
+                                 + (f"_{rows}" if rows else "") + ".hlo")
             label = f"{name}" + (f" {rows} rows" if rows else "")
             print(report(label, result, memory), flush=True)
             results.append({"target": args.target, "mesh": args.mesh, "model": args.model,

@@ -66,7 +66,7 @@ def worker(args) -> None:
     from rstar2_jax.toy.demo import rl_config
     from rstar2_jax.train.configs import MeshConfig
     from rstar2_jax.train.metrics import read_metrics
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     processes, devices, rollout = layout(args.layout)
     cfg = tiny_config(args.out, args.steps)
@@ -125,7 +125,7 @@ def main() -> None:
         from rstar2_jax.toy.demo import DemoConfig, train_sft_policy
 
         tiny = DemoConfig.tiny(args.out)
-        with SandboxPool(num_workers=1, timeout_s=tiny.rollout.tool_timeout_s) as sandbox:
+        with SandboxPool(num_workers=1, timeout_s=tiny.rollout.sandbox.timeout_s) as sandbox:
             train_sft_policy(tiny, sandbox, progress=False)
     header = ("| layout | k | step s | rollout s | update s | weight copy s | trainer idle s (share) "
               "| sampler idle s (share) | staleness max | reward mean (all steps) |")

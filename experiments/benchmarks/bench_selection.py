@@ -35,7 +35,7 @@ import numpy as np
 
 from rstar2_jax.algorithms import Algorithm, Rollouts, resolve_algorithm
 from rstar2_jax.compile_cache import CompileCounter
-from rstar2_jax.train.rl_data import select_rollouts
+from rstar2_jax.rl.data import select_rollouts
 
 SHAPES = {"toy": (32, 8, 4), "paper": (512, 32, 16)}
 

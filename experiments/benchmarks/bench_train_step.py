@@ -37,12 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rstar2_jax.algorithms import GRPO_ROC
 from rstar2_jax.model import ModelConfig, param_shapes
 from rstar2_jax.model.params import init_params
 from rstar2_jax.train.configs import OptimizerConfig, PrecisionConfig, RLConfig
 from rstar2_jax.train.optim import make_optimizer
-from rstar2_jax.train.rl_update import rl_loss
-from rstar2_jax.train.scale_plan import PRESETS
+from rstar2_jax.rl.update import rl_loss
+from rstar2_jax.rl.scale_plan import PRESETS
 from rstar2_jax.train.step import TrainState, make_train_step
 
 MODELS = {
@@ -171,7 +172,8 @@ def rl_step(model_config: ModelConfig, policy: PrecisionConfig, rl: RLConfig,
             micro_batches: int = 1):
     """The jitted RL train step the benchmarks time (`rl_loss` at ``policy``'s compute dtype,
     AdamW `OPTIMIZER`); it donates its state."""
-    loss = functools.partial(rl_loss, model_config=policy.compute_config(model_config), config=rl)
+    loss = functools.partial(rl_loss, model_config=policy.compute_config(model_config), config=rl,
+                             loss=GRPO_ROC.loss)
     return make_train_step(loss, OPTIMIZER, micro_batches=micro_batches)
 
 

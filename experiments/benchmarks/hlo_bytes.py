@@ -86,7 +86,7 @@ class Cost:
     """One instruction the program runs: ``times`` per run of the program (loops multiplied
     out), each time moving ``bytes`` and computing ``flops`` (matmuls); ``loops`` are the loops
     it runs in, outermost first, as (body, trip count or None where not known at compile time);
-    ``target`` is a custom call's."""
+    ``target`` is a custom call's; ``out`` the bytes of its output."""
 
     name: str
     op: str
@@ -96,6 +96,7 @@ class Cost:
     bytes: int
     flops: int
     loops: tuple[tuple[str, int | None], ...]
+    out: int
 
 
 def costs(text: str, unknown_trips: int = 1) -> list[Cost]:
@@ -166,7 +167,8 @@ def _walk(comps, comp, out, times, loops, unknown_trips) -> None:
                 flops = _dot_flops(i, [instrs[o] for o in i["operands"] if o in instrs])
             elif op == "convolution":
                 flops = _conv_flops(i, [instrs[o] for o in i["operands"] if o in instrs])
-        out.append(Cost(i["name"], op, i["source"], i["target"], times, cost, flops, loops))
+        out.append(Cost(i["name"], op, i["source"], i["target"], times, cost, flops, loops,
+                        i["bytes"]))
 
 
 def _flops(comps, body: list) -> int:

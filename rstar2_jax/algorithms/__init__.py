@@ -79,6 +79,7 @@ from rstar2_jax.algorithms.variants import (
     REINFORCE_PP_BASELINE,
     RLOO,
     SAPO,
+    algorithm_spec,
     resolve_algorithm,
 )
 
@@ -132,6 +133,7 @@ __all__ = [
     "regularized",
     "reinforce_pp_baseline_advantages",
     "released_penalty_terms",
+    "algorithm_spec",
     "resolve_algorithm",
     "rloo_advantages",
     "roc_penalty",

@@ -2,24 +2,11 @@
 
 Each is a few lines on the seam; the formulas are in the docstrings of the functions it names.
 
-    rl.algorithm=grpo_roc                     a name below (the default)
+    rl.algorithm=grpo_roc                     a name of `ALGORITHMS` (the default)
     rl.algorithm=my_package.my_module:MINE    an Algorithm defined in your own code
 
-| name                           | select             | advantages             | loss                       |
-|--------------------------------|--------------------|------------------------|----------------------------|
-| `grpo`                         | `keep_all`         | `grpo_advantages`      | `policy_loss`, token mean  |
-| `grpo_roc`                     | RoC, paper rule    | `grpo_advantages`      | `policy_loss`, token mean  |
-| `grpo_roc_released`            | RoC, released rule | `grpo_advantages`      | `policy_loss`, token mean  |
-| `dr_grpo`                      | `keep_all`         | `dr_grpo_advantages`   | `policy_loss`, seq-mean-token-sum |
-| `dr_grpo_norm`                 | `keep_all`         | `dr_grpo_advantages`   | `policy_loss`, seq-mean-token-sum-norm |
-| `gspo`                         | `keep_all`         | `grpo_advantages`      | `gspo_loss`                |
-| `dapo`                         | `overlong_filtered(keep_all)` | `grpo_advantages` | `policy_loss`, token mean |
-| `rloo`                         | `keep_all`         | `rloo_advantages`      | `policy_loss`, seq-mean-token-sum |
-| `reinforce_plus_plus_baseline` | `keep_every_group` | `reinforce_pp_baseline_advantages` | `policy_loss`, token mean |
-| `cispo`                        | `keep_all`         | `grpo_advantages`      | `cispo_loss`, token mean   |
-| `gpg`                          | `keep_every_group` | `gpg_advantages`       | `gpg_loss`, token mean     |
-| `gmpo`                         | `keep_all`         | `grpo_advantages`      | `gmpo_loss`                |
-| `sapo`                         | `keep_all`         | `grpo_advantages`      | `sapo_loss`, seq-mean-token-mean |
+`ALGORITHMS` is the list of names; docs/algorithms.md tabulates each one's selection, advantage
+and loss (a test keeps that table equal to this registry).
 
 Any of them trains with a rollout correction (``rl.rollout_correction``,
 `rstar2_jax.algorithms.correction`), an entropy bonus and a KL penalty to a reference policy
@@ -31,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import sys
 
 from rstar2_jax.algorithms.advantages import (
     dr_grpo_advantages,
@@ -155,3 +143,18 @@ def resolve_algorithm(spec: str) -> Algorithm:
         raise ValueError(f"{spec!r} is a {type(algorithm).__name__}, not an "
                          f"rstar2_jax.algorithms.Algorithm")
     return algorithm
+
+
+def algorithm_spec(algorithm: Algorithm) -> str | None:
+    """The name ``rl.algorithm`` would give ``algorithm`` (`resolve_algorithm` of it returns
+    this very object): its key in `ALGORITHMS`, else ``module:name`` of a module-level name
+    bound to it in an imported module (a notebook's own included, as ``__main__:name``);
+    None when nothing names it (built inside a function)."""
+    for name, known in ALGORITHMS.items():
+        if known is algorithm:
+            return name
+    for module_name, module in list(sys.modules.items()):
+        for attribute, value in list(getattr(module, "__dict__", {}).items()):
+            if value is algorithm and not attribute.startswith("_"):
+                return f"{module_name}:{attribute}"
+    return None

@@ -77,6 +77,11 @@ class ModelConfig:
         return _DTYPES[self.dtype]
 
     @property
+    def untied_embeddings(self) -> bool:
+        """The output head is a param of its own (``lm_head``), not the embedding table."""
+        return not self.tie_embeddings
+
+    @property
     def precision(self) -> jax.lax.Precision | None:
         """The `precision=` of every matmul of this model: `matmul_precision` in float32, the
         backend's bfloat16 default (None) otherwise."""

@@ -1,8 +1,9 @@
 """Hugging Face checkpoints: a `transformers` directory <-> `(ModelConfig, params)`.
 
 A checkpoint directory holds `config.json` and either `model.safetensors` or sharded files listed
-in `model.safetensors.index.json`. Loading reads the tensors as numpy (never torch). One table
-says which HF tensor becomes which param and how it is laid out; both directions use it.
+in `model.safetensors.index.json`. Loading reads the tensors as numpy (never torch). The params
+table (`rstar2_jax.model.params.PARAMS`) says which HF tensor becomes which param and how it is
+laid out; both directions use it.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from safetensors import safe_open
 
 from rstar2_jax.errors import ModelError
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.model.params import param_shapes
+from rstar2_jax.model.params import model_params, param_shapes
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -69,28 +70,7 @@ class _Same:
         return a
 
 
-_TOP_LEVEL = (
-    ("model.embed_tokens.weight", "embed", _Same()),
-    ("model.norm.weight", "final_norm", _Flat()),
-    ("lm_head.weight", "lm_head", _Linear(1)),
-)
-# `{i}` is the layer index; ours are stacked on a leading layer axis.
-_PER_LAYER = (
-    ("model.layers.{i}.input_layernorm.weight", "attn_norm", _Flat()),
-    ("model.layers.{i}.self_attn.q_proj.weight", "q", _Linear(1)),
-    ("model.layers.{i}.self_attn.k_proj.weight", "k", _Linear(1)),
-    ("model.layers.{i}.self_attn.v_proj.weight", "v", _Linear(1)),
-    ("model.layers.{i}.self_attn.q_proj.bias", "q_bias", _Flat()),
-    ("model.layers.{i}.self_attn.k_proj.bias", "k_bias", _Flat()),
-    ("model.layers.{i}.self_attn.v_proj.bias", "v_bias", _Flat()),
-    ("model.layers.{i}.self_attn.q_norm.weight", "q_norm", _Flat()),
-    ("model.layers.{i}.self_attn.k_norm.weight", "k_norm", _Flat()),
-    ("model.layers.{i}.self_attn.o_proj.weight", "o", _Linear(2)),
-    ("model.layers.{i}.post_attention_layernorm.weight", "mlp_norm", _Flat()),
-    ("model.layers.{i}.mlp.gate_proj.weight", "gate", _Linear(1)),
-    ("model.layers.{i}.mlp.up_proj.weight", "up", _Linear(1)),
-    ("model.layers.{i}.mlp.down_proj.weight", "down", _Linear(1)),
-)
+_LAYOUTS = {"same": _Same(), "flat": _Flat(), "linear": _Linear(1), "linear2": _Linear(2)}
 
 
 class _Entry(NamedTuple):
@@ -102,13 +82,13 @@ class _Entry(NamedTuple):
 
 
 def _tensor_map(config: ModelConfig) -> list[_Entry]:
-    """The HF tensors behind every param of this config, in table order."""
-    shapes = param_shapes(config)
-    entries = [_Entry(key, False, shapes[key], layout, [hf_name])
-               for hf_name, key, layout in _TOP_LEVEL if key in shapes]
-    entries += [_Entry(key, True, shapes["layers"][key][1:], layout,
-                       [hf_name.format(i=i) for i in range(config.num_layers)])
-                for hf_name, key, layout in _PER_LAYER if key in shapes["layers"]]
+    """The HF tensors behind every param of this config, in `PARAMS` order."""
+    entries = []
+    for p in model_params(config):
+        shape = p.shape(config)
+        names = [p.hf_name.format(i=i) for i in range(config.num_layers)] if p.stacked else [p.hf_name]
+        entries.append(_Entry(p.name, p.stacked, shape[1:] if p.stacked else shape,
+                              _LAYOUTS[p.hf_layout], names))
     return entries
 
 

@@ -12,7 +12,7 @@ jit's cache key (a program traced for one target is never reused for another), a
 choices read it back (`current`). The trainer and the sampler compile under their mesh's first
 device; outside any, the target is JAX's default device (`jax.default_device` if set, else the
 process's first device). Some kernels are checked once against a reference by running them
-(`model.cache._cudnn_pages_agree`, `model.transformer._cudnn_packed_agrees`); a compile-only
+(`model.cache._pages_agree`, `model.transformer._cudnn_packed_agrees`); a compile-only
 target (`compile_only=True`, required for a device this process cannot run on) skips the checks
 and takes the kernel a run on that device would take when they pass.
 """

@@ -1,13 +1,9 @@
 """Device mesh and partition specs: FSDP over the `fsdp` axis, Megatron tensor parallelism over `tp`.
 
-Every param is split on one axis by `fsdp` (parameter/optimizer-state memory scales down with the
-data-parallel width; XLA all-gathers a layer's weights when it runs) and, where it has heads or
-an MLP/vocab dimension, on another by `tp`:
-
-    q, k, v, gate, up   column-parallel: heads / intermediate over tp, hidden over fsdp
-    o, down             row-parallel: heads / intermediate over tp, hidden over fsdp
-    embed, lm_head      vocab over tp, hidden over fsdp
-    norms               replicated (tiny)
+Every param is split as its row of the params table says (`rstar2_jax.model.params.PARAMS`):
+on one axis by `fsdp` (parameter/optimizer-state memory scales down with the data-parallel
+width; XLA all-gathers a layer's weights when it runs) and, where it has heads or an
+MLP/vocabulary dimension, on another by `tp` (Megatron tensor parallelism).
 
 Data is split over `fsdp` on the batch axis. A dimension that the axis size does not divide is
 replicated instead (e.g. 2 kv heads on tp=4), so any config runs on any mesh, a 1-device mesh
@@ -19,29 +15,12 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.model import KVCache, ModelConfig, forward, param_shapes
+from rstar2_jax.model import KVCache, ModelConfig, forward
 from rstar2_jax.model.axes import FSDP, TP
+from rstar2_jax.model.params import Param, params_tree
 
-# Axes of each param without the leading layer axis of stacked layer params (see model/params.py).
-_PARAM_AXES = {
-    "embed": (TP, FSDP),
-    "final_norm": (None,),
-    "lm_head": (FSDP, TP),
-    "attn_norm": (None,),
-    "mlp_norm": (None,),
-    "q": (FSDP, TP, None),
-    "k": (FSDP, TP, None),
-    "v": (FSDP, TP, None),
-    "q_bias": (TP, None),
-    "k_bias": (TP, None),
-    "v_bias": (TP, None),
-    "q_norm": (None,),
-    "k_norm": (None,),
-    "o": (TP, None, FSDP),
-    "gate": (FSDP, TP),
-    "up": (FSDP, TP),
-    "down": (TP, FSDP),
-}
+# The params table's logical axes (`rstar2_jax.model.params.PARAMS`) as this mesh's axes.
+_MESH_AXES = {"fsdp": FSDP, "tp": TP, None: None}
 
 
 def make_mesh(fsdp: int | None = None, tp: int = 1, devices=None) -> Mesh:
@@ -68,10 +47,11 @@ def _fit(axes: tuple, shape: tuple[int, ...], mesh: Mesh | None) -> P:
 
 def param_specs(config: ModelConfig, mesh: Mesh | None = None) -> dict:
     """PartitionSpecs with the structure of the params. With `mesh`, non-divisible dims replicate."""
-    shapes = param_shapes(config)
-    specs = {k: _fit(_PARAM_AXES[k], s, mesh) for k, s in shapes.items() if k != "layers"}
-    specs["layers"] = {k: _fit((None, *_PARAM_AXES[k]), s, mesh) for k, s in shapes["layers"].items()}
-    return specs
+    def spec(p: Param) -> P:
+        axes = tuple(_MESH_AXES[a] for a in p.axes)
+        return _fit((None, *axes) if p.stacked else axes, p.shape(config), mesh)
+
+    return params_tree(config, spec)
 
 
 def named_shardings(mesh: Mesh, specs):

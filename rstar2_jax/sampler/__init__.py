@@ -9,10 +9,10 @@ from rstar2_jax.sampler.rollout import (
     Trajectory,
 )
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
-from rstar2_jax.sampler.settings import RolloutLimits, RolloutSettings, ToolLimits
+from rstar2_jax.sampler.settings import RolloutLimits, RolloutSettings
 
 __all__ = [
     "AgentSampler", "Engine", "Generation", "RolloutLimits", "RolloutSettings", "RolloutStats",
-    "RolloutStopped", "SamplingParams", "ToolCallRecord", "ToolLimits", "Trajectory", "generate",
+    "RolloutStopped", "SamplingParams", "ToolCallRecord", "Trajectory", "generate",
     "sample_tokens",
 ]

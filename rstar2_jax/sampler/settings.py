@@ -1,6 +1,6 @@
 """What an agentic rollout may do: the sampler's settings (`RolloutSettings`: decode slots,
-tool-output rendering, the tool and verifier pools, serving dtype, weight updates), the sandbox
-limits of each tool call (`ToolLimits`) and a job's limits on each trajectory (`RolloutLimits`).
+tool-output rendering, the tool sandbox's limits and the pools, serving dtype, weight updates)
+and a job's limits on each trajectory (`RolloutLimits`).
 Each is checked when it is made, so a bad value fails at configuration, not mid-run."""
 from __future__ import annotations
 
@@ -9,34 +9,12 @@ import dataclasses
 
 from rstar2_jax.model import ModelConfig, target
 from rstar2_jax.sandbox import SandboxConfig
-from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
+from rstar2_jax.sandbox.config import check_num_workers, default_num_workers, pool_memory_bytes
 
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolLimits:
-    """Limits of the tool sandbox other than the timeout (``rollout.tool_limits``); each is
-    `rstar2_jax.sandbox.SandboxConfig`'s field of the same name and, when None, takes its
-    default there (docs/sandbox.md). Per call: cpu_s (seconds), memory_bytes, max_processes,
-    max_file_bytes, max_open_files, output_limit_bytes, scratch_bytes; for all the pool's calls
-    together: pool_memory_bytes (default half the host's memory)."""
-
-    cpu_s: int | None = None
-    memory_bytes: int | None = None
-    max_processes: int | None = None
-    max_file_bytes: int | None = None
-    max_open_files: int | None = None
-    output_limit_bytes: int | None = None
-    scratch_bytes: int | None = None
-    pool_memory_bytes: int | None = None
-
-    def given(self) -> dict[str, int]:
-        """The limits set, by name: keyword arguments of `SandboxPool` / `SandboxConfig`."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +30,12 @@ class RolloutSettings:
       (the middle is cut; head and tail kept, see `render_result`).
     show_tool_time: include the execution time line in tool responses.
       These two shape the text the model reads; they must match what its SFT data showed it.
-    tool_timeout_s: wall-clock limit of one tool call (with ``tool_session``, the replay of
-      the trajectory's earlier calls included).
     tool_session: a trajectory's tool calls share state, as cells of a notebook (False: every
       call is a fresh program, rStar2's training tool). See `rstar2_jax.sandbox.session`.
     sandbox_workers: sandbox worker processes (None: one per core).
-    tool_limits: the sandbox's other per-call limits (memory, processes, output, ...), `ToolLimits`.
+    sandbox: the tool sandbox's limits (``rollout.sandbox.*``: `rstar2_jax.sandbox.SandboxConfig`,
+      docs/sandbox.md): ``timeout_s`` per call (with ``tool_session``, the replay of the
+      trajectory's earlier calls included; rStar2 used 4 s), memory, processes, output, ...
     verifier_workers: answer-checking processes.
     verifier_timeout_s: limit of one answer check; a check that runs over scores 0.
     serving_dtype: dtype of the params and KV cache the sampler serves, cast from the trainer's
@@ -90,10 +68,9 @@ class RolloutSettings:
     chunk: int = 64
     tool_response_chars: int = 1024
     show_tool_time: bool = True
-    tool_timeout_s: float = 4.0
     tool_session: bool = False
     sandbox_workers: int | None = None
-    tool_limits: ToolLimits = dataclasses.field(default_factory=ToolLimits)
+    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
     verifier_workers: int = 1
     verifier_timeout_s: float = 4.0
     serving_dtype: str = "auto"
@@ -109,14 +86,16 @@ class RolloutSettings:
         _check(self.chunk >= 1, f"rollout.chunk must be >= 1, got {self.chunk}")
         _check(self.tool_response_chars >= 64,
                f"rollout.tool_response_chars must be >= 64, got {self.tool_response_chars}")
-        _check(self.tool_timeout_s > 0, f"rollout.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
         try:
-            sandbox = SandboxConfig(timeout_s=self.tool_timeout_s, **self.tool_limits.given())
-            pool_memory_bytes(sandbox, self.sandbox_workers or default_num_workers())
+            check_num_workers(self.sandbox_workers or default_num_workers())
         except ValueError as e:
-            raise ValueError(f"rollout.tool_limits: {e}") from None
+            raise ValueError(f"rollout.sandbox_workers={self.sandbox_workers}: {e}") from None
+        try:
+            pool_memory_bytes(self.sandbox, self.sandbox_workers or default_num_workers())
+        except ValueError as e:
+            raise ValueError(f"rollout.sandbox: {e}") from None
         _check(self.verifier_workers >= 1,
                f"rollout.verifier_workers must be >= 1, got {self.verifier_workers}")
         _check(0 < self.verifier_timeout_s < float("inf"),

@@ -6,7 +6,7 @@ from typing import Mapping
 
 from rstar2_jax.algorithms import Algorithm
 from rstar2_jax.evaluate import EvalReport
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.toy.demo import DemoConfig, Evaluator, train_rl_policy, train_sft_policy
 from rstar2_jax.train.metrics import read_metrics
 

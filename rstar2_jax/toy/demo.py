@@ -33,8 +33,9 @@ from rstar2_jax.algorithms import Algorithm
 from rstar2_jax.compile_cache import CompileCounter, CompileStats
 from rstar2_jax.data.datasets import load_problems
 from rstar2_jax.evaluate import EvalReport, sample_problems, write_samples
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
+from rstar2_jax.sandbox import SandboxConfig
 from rstar2_jax.toy.build import ToyDataConfig, build_toy_data
 from rstar2_jax.toy.format import TOY_FORMAT
 from rstar2_jax.toy.sft_data import DemoMix
@@ -109,7 +110,7 @@ class DemoConfig:
     rl_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=1e-3, warmup_steps=2, weight_decay=0.0))
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(
-        num_slots=64, chunk=32, show_tool_time=False, tool_timeout_s=2.0))
+        num_slots=64, chunk=32, show_tool_time=False, sandbox=SandboxConfig(timeout_s=2.0)))
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     max_turns: int = 4
     max_response_tokens: int = 320
@@ -132,7 +133,7 @@ class DemoConfig:
                         max_prompt_tokens=128),
             rl_steps=2, rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
             rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False,
-                                    tool_timeout_s=2.0, sandbox_workers=1),
+                                    sandbox=SandboxConfig(timeout_s=2.0), sandbox_workers=1),
             max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
 
     @classmethod
@@ -160,7 +161,7 @@ class DemoConfig:
                         temperature=0.6, max_prompt_tokens=64),
             rl_steps=4, rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
             rollout=RolloutSettings(num_slots=32, chunk=16, show_tool_time=False,
-                                    tool_timeout_s=2.0, sandbox_workers=1),
+                                    sandbox=SandboxConfig(timeout_s=2.0), sandbox_workers=1),
             max_turns=2, max_response_tokens=160, eval_problems=8, eval_samples=4)
 
     @property
@@ -336,7 +337,7 @@ def train_rl_policy(cfg: DemoConfig, name: str, runtime: RolloutRuntime, *,
     policy's directory ``<out>/<name>_model``."""
     from transformers import AutoTokenizer
 
-    from rstar2_jax.train.rl import run_rl
+    from rstar2_jax.rl.loop import run_rl
 
     out = Path(cfg.out)
     run_rl(rl_config(cfg, out, name), algorithm=algorithm, runtime=runtime, progress=progress)

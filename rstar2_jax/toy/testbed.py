@@ -46,7 +46,7 @@ from rstar2_jax.algorithms import RolloutCorrection, resolve_algorithm
 from rstar2_jax.config import config_to_dict, config_to_yaml
 from rstar2_jax.data.datasets import jsonl_rows
 from rstar2_jax.plots import RL_PANELS, plot_bands
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.toy.build import ToyDataConfig
 from rstar2_jax.toy.demo import DemoConfig, Evaluator, train_rl_policy, train_sft_policy
 from rstar2_jax.toy.failures import FIRST_CALL_SHARES, POSITIVE_SHARES, first_call_outcomes, positive_failures

@@ -137,9 +137,15 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
       mesh, param_specs, params: shard the step; ``params`` (arrays or abstract shapes) give the
         optimizer-state structure. Without a mesh the step runs wherever its inputs live.
 
+    A step whose loss or accumulated gradient (over all micro-batches and devices) holds a NaN
+    or an infinity leaves the params and the optimizer state as they were (its count and the
+    learning-rate schedule included): clipping does not stop a NaN, and AdamW would spread it
+    to every weight. Only ``state.step`` advances; the caller decides when to give up.
+
     Metrics (float32 scalars): ``loss`` (token mean), ``tokens``, ``grad_norm`` (before
-    clipping), ``lr`` (of this update), and each of ``loss_fn``'s metric sums divided by tokens,
-    but for the maxima and minima that `metric_reduction` names by suffix.
+    clipping), ``lr`` (of this update), ``update/skipped_nonfinite`` (1 when the update was
+    skipped, else 0), and each of ``loss_fn``'s metric sums divided by tokens, but for the
+    maxima and minima that `metric_reduction` names by suffix.
     Rows are split over "fsdp" on a mesh, so the row count must be a multiple of
     ``micro_batches`` times the fsdp size (pad with all-masked rows).
     """
@@ -154,11 +160,16 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
             None if shardings is None else shardings.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(loss_sum) & jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (params, opt_state), (state.params, state.opt_state))
         denom = jnp.maximum(count, 1.0)
         metrics = {name: value / denom if metric_reduction(name) == "mean" else value
                    for name, value in metric_sums.items()}
         metrics |= {"loss": loss_sum / denom, "tokens": count,
-                    "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state)}
+                    "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state),
+                    "update/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)}
         return TrainState(params, opt_state, state.step + 1), metrics
 
     if mesh is None:

@@ -22,7 +22,8 @@ from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.toy import TOY_FORMAT
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.rl import question_batch, run_rl
+from rstar2_jax.rl.data import question_batch
+from rstar2_jax.rl.loop import run_rl
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_packed_rl_steps_train_as_padded_ones(sft_model):
     # count only. Adam divides each gradient entry by its own size, so rounding-level
     # differences in near-zero entries become lr-sized updates (1e-4 here) with the default
     # eps of 1e-8; an eps of 1e-4 keeps such entries' updates proportional to them. One
-    # mini-batch, for the same reason (tests/test_train_rl_update.py compares packed mini- and
+    # mini-batch, for the same reason (tests/test_rl_update.py compares packed mini- and
     # micro-batches update by update).
     d = sft_model
     same = ("rl.mini_batches=1", "optimizer.eps=1e-4")

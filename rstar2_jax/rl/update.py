@@ -49,13 +49,12 @@ from rstar2_jax.algorithms import (
     loss_inputs,
     mismatch_metrics,
     regularized,
-    resolve_algorithm,
 )
 from rstar2_jax.algorithms.algorithm import LossFn
-from rstar2_jax.errors import ConfigError
+from rstar2_jax.errors import ConfigError, MismatchError
 from rstar2_jax.model import ModelConfig, target, token_logprobs
 from rstar2_jax.parallel.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
-from rstar2_jax.train.configs import RLConfig
+from rstar2_jax.train.configs import RLConfig, RLJobConfig
 from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
 from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction
 
@@ -89,16 +88,13 @@ def train_loss(loss: LossFn, config: RLConfig) -> LossFn:
     return loss
 
 
-def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig,
-            loss: LossFn | None = None):
+def rl_loss(params: dict, mb: dict, *, model_config: ModelConfig, config: RLConfig, loss: LossFn):
     """``(loss_sum, count, metric_sums)`` of ``loss`` on a micro-batch of shifted rows (see
     :func:`_shift`) that also carry ``old_logp`` [rows, seq-1] (and, under a rollout
     correction, per-token ``advantages`` [rows, seq-1] and its narrowed ``mask``; with a
-    reference, ``ref_logp`` [rows, seq-1]): the trainer's log-probs go to ``loss`` (default:
-    `train_loss` of the loss of the algorithm ``config.algorithm`` names), with the inputs it
-    declares, and its result is the train step's contract as it is."""
-    if loss is None:
-        loss = train_loss(resolve_algorithm(config.algorithm).loss, config)
+    reference, ``ref_logp`` [rows, seq-1]): the trainer's log-probs go to ``loss`` (`train_loss`
+    of the algorithm's), with the inputs it declares, and its result is the train step's
+    contract as it is."""
     inputs = loss_inputs(loss)
     out = _trainer_logprobs(params, mb, model_config=model_config, config=config,
                             remat=config.remat, return_entropy="entropy" in inputs)
@@ -166,14 +162,15 @@ def pack_rows(batch: dict, shifted: dict, shapes: PackShapes, groups: int) -> di
 class RLUpdate:
     """``update(state, batch) -> (state, metrics)`` for one RL step; compiled once per shape.
 
-    ``loss`` is the algorithm's policy loss (`rstar2_jax.algorithms.Algorithm.loss`); by default
-    the one ``config.algorithm`` names. The update trains with `train_loss` of it: the run's
-    entropy bonus and KL penalty added. ``reference``: the reference policy's params, laid out
+    ``loss`` is the algorithm's policy loss (`rstar2_jax.algorithms.Algorithm.loss`, resolved
+    once, by `run_rl`). The update trains with `train_loss` of it: the run's entropy bonus and
+    KL penalty added. ``reference``: the reference policy's params, laid out
     like ``params`` (any float dtype: the forward casts them to the compute dtype), exactly when
     ``config.reference``.
 
     Metrics: ``loss``, ``tokens`` (loss tokens of the step), ``grad_norm`` (mean over
-    mini-batches), ``lr`` (last update), ``entropy`` (of the policy before the update,
+    mini-batches), ``lr`` (last update), ``update/skipped_nonfinite`` (the step's updates
+    skipped for a non-finite loss or gradient), ``entropy`` (of the policy before the update,
     nats/token), the sampler/trainer gap ``logprob_mismatch/*`` (``abs``, ``kl``,
     ``log_ppl_diff``, ``log_ppl_abs_diff``, ``ratio_max``, ``ratio_min``:
     `rstar2_jax.algorithms.mismatch_metrics`), what ``rl.rollout_correction`` did
@@ -187,7 +184,7 @@ class RLUpdate:
 
     def __init__(self, model_config: ModelConfig, config: RLConfig,
                  optimizer: optax.GradientTransformation, *, mesh: Mesh, param_specs: Any,
-                 params: Any, loss: LossFn | None = None, reference: Any = None):
+                 params: Any, loss: LossFn, reference: Any = None):
         self.model_config, self.config, self.mesh = model_config, config, mesh
         if (reference is not None) != config.reference:
             raise ValueError(f"rl.reference={config.reference}, and the update was given "
@@ -199,7 +196,7 @@ class RLUpdate:
                              f"over fsdp={self._fsdp} devices")
         self._rows = NamedSharding(mesh, batch_spec())
         self._param_shardings = named_shardings(mesh, param_specs)
-        loss = train_loss(resolve_algorithm(config.algorithm).loss if loss is None else loss, config)
+        loss = train_loss(loss, config)
         loss = functools.partial(rl_loss, model_config=model_config, config=config, loss=loss)
         self._steps = {}  # micro-batches per update -> jitted train step
         self._old_passes = {}  # row chunks -> jitted old log-prob pass
@@ -329,13 +326,39 @@ def _count(mask: jax.Array) -> jax.Array:
 def _combine(per_update: list[dict]) -> dict[str, float]:
     """The mini-batch updates' metrics as one: each weighted by its loss count (``tokens`` of
     the train step: loss tokens, or sequences, as the loss averages), maxima and minima of the
-    names `metric_reduction` says, grad norm averaged, lr of the last."""
+    names `metric_reduction` says, grad norm averaged, lr of the last, skipped updates counted."""
     counts = np.array([m["tokens"] for m in per_update], np.float64)
     total = max(counts.sum(), 1.0)
     out = {"lr": float(per_update[-1]["lr"]),
-           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update]))}
-    for k in per_update[0].keys() - {"lr", "grad_norm", "tokens"}:
+           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update])),
+           "update/skipped_nonfinite": float(sum(m["update/skipped_nonfinite"] for m in per_update))}
+    for k in per_update[0].keys() - out.keys() - {"tokens"}:
         values = [float(m[k]) for m in per_update]
         how = metric_reduction(k)
         out[k] = {"max": max, "min": min}[how](values) if how != "mean" else float(np.dot(values, counts) / total)
     return out
+
+
+def mismatch_check(config: RLJobConfig) -> Callable[[dict[str, float]], None]:
+    """The first update's ``check`` (`RLUpdate.__call__`): stops the run (MismatchError) when
+    the sampler's and the trainer's log-probs of its tokens disagree beyond
+    ``rl.first_step_gap_limit``."""
+
+    def check(stats: dict[str, float]) -> None:
+        limit, gap = config.rl.first_step_gap_limit, stats["logprob_mismatch/log_ppl_abs_diff"]
+        if limit is None or gap <= limit:
+            return
+        rl, rollout = config.rl, config.rollout
+        raise MismatchError(
+            f"the sampler and the trainer disagree on the first update's tokens: their "
+            f"log-perplexities differ by {gap:.3g} nats per token (mean over sequences) > "
+            f"rl.first_step_gap_limit={limit:g} (KL(sampler || trainer) "
+            f"{stats['logprob_mismatch/kl']:.3g}, token ratio trainer/sampler from "
+            f"{stats['logprob_mismatch/ratio_min']:.3g} to {stats['logprob_mismatch/ratio_max']:.3g}); "
+            f"likely causes: the sampler drew at another temperature than the "
+            f"rl.temperature={rl.temperature:g} the trainer divides by, it served other weights "
+            f"than the trainer's (another checkpoint), or rollout.serving_dtype="
+            f"{rollout.serving_dtype} is too coarse for this model; raise rl.first_step_gap_limit, "
+            f"or set it to null, if the gap is expected")
+
+    return check

@@ -42,6 +42,69 @@ class KeptRollouts:
         return KeptRollouts(self.index[mine] - start, self.advantages[mine], self.groups)
 
 
+def question_batch(num_problems: int, per_step: int, step: int, seed: int) -> np.ndarray:
+    """Problem indices of RL step `step` (0-based): consecutive slices of a seeded permutation per
+    epoch, so the data position is just the step number."""
+    if per_step > num_problems:
+        raise ValueError(f"questions_per_step={per_step} exceeds the {num_problems} problems")
+    per_epoch = num_problems // per_step
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_problems)
+    return order[index * per_step:(index + 1) * per_step]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRollouts:
+    """The sampler's side of one RL step, what the trainer needs of it.
+
+    batch: `make_batch`'s arrays of this process's kept rollouts; None when nothing was kept.
+    versions: int64 `[rollouts, 3]`: for each rollout the update trains on (every rollout when
+      nothing was kept), its generated tokens' count, the sum of the policy versions that
+      sampled them and the oldest of those versions.
+    metrics: the step's rollout metrics (`rollout_metrics`, times).
+    """
+
+    step: int
+    batch: dict | None
+    versions: np.ndarray
+    metrics: dict
+
+
+def by_question(trajs: list[Trajectory], n: int) -> dict[int, list[Trajectory]]:
+    """This process's trajectories (`score_rollouts`: its questions in order, ``n`` each) by
+    question."""
+    ran = {trajs[i].prompt_index: trajs[i:i + n] for i in range(0, len(trajs), n)}
+    if len(ran) * n != len(trajs) or any(t.prompt_index != q for q, ts in ran.items() for t in ts):
+        raise RuntimeError("the sampler returned trajectories out of question order")
+    return ran
+
+
+def rollout_numbers(ran: dict[int, list[Trajectory]], rewards: np.ndarray) -> dict[str, np.ndarray]:
+    """Every number the step needs of the rollouts of the questions ``ran`` (question -> its
+    trajectories), all but their tokens: ``question`` `[k]`, and `[k, n]` each: the `Rollouts`
+    fields, the response lengths (tool output included) and, over each rollout's generated
+    tokens, the sum and the oldest of the policy versions that sampled them; and
+    ``tool_status`` `[k, n, statuses]` (`tool_status_counts`). ``rewards`` is `[questions, n]`."""
+    questions = sorted(ran)
+    trajs = [t for q in questions for t in ran[q]]
+    shape = (len(questions), rewards.shape[1])
+    versions = [np.asarray(t.versions, np.int64)[np.asarray(t.loss_mask, bool)] for t in trajs]
+    return rollout_arrays(trajs, rewards[questions].reshape(shape))._asdict() | {
+        "question": np.asarray(questions, np.int64),
+        "response_length": np.array([len(t.response_ids) for t in trajs], np.int32).reshape(shape),
+        "version_sum": np.array([v.sum() for v in versions], np.int64).reshape(shape),
+        "version_min": np.array([v.min() for v in versions], np.int64).reshape(shape),
+        "tool_status": tool_status_counts(trajs).reshape(*shape, -1)}
+
+
+def trained_versions(numbers: dict[str, np.ndarray], kept: np.ndarray) -> np.ndarray:
+    """`StepRollouts.versions` of the rollouts ``kept`` (flat indices; all of them when empty)
+    of the step's `rollout_numbers`."""
+    columns = [numbers[k].reshape(-1).astype(np.int64) for k in ("lengths", "version_sum", "version_min")]
+    chosen = kept if kept.size else np.arange(columns[0].size)
+    return np.stack([c[chosen] for c in columns], axis=1)
+
+
 def rollout_arrays(trajs: Sequence[Trajectory], rewards: np.ndarray) -> Rollouts:
     """`Rollouts` `[questions, n]` of the step's trajectories (trajectory `q * n + i` is question
     q's i-th) and their rewards `[questions, n]`."""
@@ -309,3 +372,21 @@ def rollout_metrics(rollouts: Rollouts, kept: KeptRollouts,
                     "advantages/min": float(a.min()), "advantages/max": float(a.max()),
                     "advantages/nonzero_frac": float(np.mean(a != 0))}
     return metrics
+
+
+def step_metrics(rollouts: Rollouts, kept: KeptRollouts, numbers: dict[str, np.ndarray],
+                 times: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    """The sampler side's metrics of a step: `rollout_metrics`, `tool_status_metrics` and the
+    hosts' totals (`StepExchange.totals`): ``times`` the slowest host's rollout, tool-wait
+    and reward-wait seconds, ``counts`` all hosts' generated tokens, preemptions, verifier
+    timeouts and verifier errors."""
+    rollout_s, tool_wait_s, reward_wait_s = times
+    tokens, preemptions, verifier_timeouts, verifier_errors = counts
+    return rollout_metrics(rollouts, kept, numbers["response_length"].reshape(-1)) | {
+        "time/rollout_s": rollout_s, "time/tool_wait_s": tool_wait_s,
+        "time/reward_wait_s": reward_wait_s,
+        "perf/rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+        "rollouts/preemptions": preemptions,
+        "reward/verifier_timeouts": verifier_timeouts,
+        "reward/verifier_errors": verifier_errors,
+    } | tool_status_metrics(numbers["tool_status"])

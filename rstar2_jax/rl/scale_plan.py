@@ -83,7 +83,8 @@ def plan(config: ScalePlanConfig) -> dict:
     from rstar2_jax.parallel.sharding import batch_spec, make_mesh, param_specs
     from rstar2_jax.train.configs import OptimizerConfig, RLConfig
     from rstar2_jax.train.optim import make_optimizer
-    from rstar2_jax.train.rl_update import rl_loss
+    from rstar2_jax.algorithms import GRPO_ROC
+    from rstar2_jax.rl.update import rl_loss
     from rstar2_jax.train.step import TrainState, make_train_step, state_shardings
 
     model = PRESETS[config.model]
@@ -106,7 +107,7 @@ def plan(config: ScalePlanConfig) -> dict:
              "attention_mask": spec((rows, seq), jnp.int32), "mask": spec((rows, seq), jnp.bool_),
              "advantages": spec((rows,), jnp.float32), "old_logp": spec((rows, seq), jnp.float32)}
     rl = RLConfig(remat=config.remat, logprob_chunk=config.logprob_chunk)
-    loss = functools.partial(rl_loss, model_config=model, config=rl)
+    loss = functools.partial(rl_loss, model_config=model, config=rl, loss=GRPO_ROC.loss)
     step = make_train_step(loss, optimizer, mesh=mesh, param_specs=specs, params=params)
     compiled = step.lower(abstract, batch).compile()
     memory = compiled.memory_analysis()
@@ -130,7 +131,7 @@ def run_in_subprocess(config: ScalePlanConfig) -> dict:
     env = os.environ | {"JAX_PLATFORMS": "cpu",
                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={config.devices}"}
     args = [f"{k}={v}" for k, v in dataclasses.asdict(config).items()]
-    proc = subprocess.run([sys.executable, "-m", "rstar2_jax.train.scale_plan", *args], env=env,
+    proc = subprocess.run([sys.executable, "-m", "rstar2_jax.rl.scale_plan", *args], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"scale plan failed:\n{proc.stderr[-4000:]}")

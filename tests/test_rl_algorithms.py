@@ -10,12 +10,12 @@ from rstar2_jax.algorithms import ALGORITHMS
 from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
 from rstar2_jax.model import load_hf
-from rstar2_jax.runtime import RolloutRuntime
+from rstar2_jax.sampler.runtime import RolloutRuntime
 from rstar2_jax.sampler import SamplingParams
-from rstar2_jax.train import rl as rl_module
+from rstar2_jax.rl import loop as rl_module
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
-from rstar2_jax.train.rl import run_rl
+from rstar2_jax.rl.loop import run_rl
 
 # One step of 2 questions x 8 rollouts (G = 4, the least the released RoC rule takes), short
 # responses.
@@ -88,3 +88,11 @@ def test_first_step_guard_stops_a_sampler_at_another_temperature(sft_model, caps
                                      "rl.first_step_gap_limit=null")]) == 0
     [record] = read_metrics(d / "run_unguarded")
     assert record["logprob_mismatch/log_ppl_abs_diff"] == pytest.approx(gap, rel=1e-2)
+
+
+def test_a_run_given_an_algorithm_by_value_records_its_name(sft_model, runtime, monkeypatch):
+    config = load_config(RLJobConfig, overrides=rl_overrides(sft_model, "by_value", 1, *SMALL))
+    ran = []
+    monkeypatch.setattr(rl_module, "_run_rl", lambda config, algorithm, *rest: ran.append(config))
+    run_rl(config, algorithm=ALGORITHMS["gspo"], runtime=runtime)
+    assert config.rl.algorithm == "grpo_roc" and ran[0].rl.algorithm == "gspo"

@@ -11,7 +11,7 @@ from rstar2_jax.algorithms import ALGORITHMS, DAPO, GRPO, GRPO_ROC, Algorithm, S
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler.rollout import ToolCallRecord, Trajectory
 from rstar2_jax.sandbox import ExecResult, render_result
-from rstar2_jax.train.rl_data import (
+from rstar2_jax.rl.data import (
     KeptRollouts,
     check_algorithm,
     check_trained_ids,

@@ -3,12 +3,14 @@ import pytest
 
 from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.runtime import RolloutRuntime
-from rstar2_jax.sampler import RolloutLimits, RolloutSettings, SamplingParams, ToolLimits
+from rstar2_jax.sampler.runtime import RolloutRuntime
+from rstar2_jax.sampler import RolloutLimits, RolloutSettings, SamplingParams
+from rstar2_jax.sandbox import SandboxConfig
 from rstar2_jax.train.configs import ModelSource, RLJobConfig, StageConfig
-from rstar2_jax.train.rl import run_rl
+from rstar2_jax.rl.loop import run_rl
 
-SETTINGS = RolloutSettings(num_slots=2, sandbox_workers=1, tool_timeout_s=30.0, verifier_timeout_s=30.0)
+SETTINGS = RolloutSettings(num_slots=2, sandbox_workers=1, sandbox=SandboxConfig(timeout_s=30.0),
+                           verifier_timeout_s=30.0)
 MODEL = ModelConfig(model_type="qwen3", vocab_size=16, hidden_size=8, intermediate_size=8,
                     num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8)
 LIMITS = RolloutLimits(max_turns=2, max_response_tokens=32, max_prompt_tokens=16)
@@ -59,23 +61,26 @@ def test_rl_refuses_a_runtime_with_other_settings():
 
 def test_a_job_config_sets_the_sandbox_limits():
     settings = load_config(RolloutSettings, overrides=[
-        "num_slots=2", "sandbox_workers=1", "tool_timeout_s=30", "tool_limits.output_limit_bytes=4096",
-        "tool_limits.max_processes=8"])
-    assert settings.tool_limits == ToolLimits(output_limit_bytes=4096, max_processes=8)
+        "num_slots=2", "sandbox_workers=1", "sandbox.timeout_s=30", "sandbox.output_limit_bytes=4096",
+        "sandbox.max_processes=8", "sandbox.slots_per_worker=2", "sandbox.isolation=none"])
+    assert settings.sandbox == SandboxConfig(timeout_s=30.0, output_limit_bytes=4096, max_processes=8,
+                                             slots_per_worker=2, isolation="none")
     with RolloutRuntime(settings) as runtime:
         assert runtime.sandbox.submit("print('x' * 10000)", "").result().status == "output_limit"
         assert runtime.sandbox.submit("print('x' * 1000)", "").result().status == "ok"
-    with pytest.raises(ConfigError, match="rollout.tool_limits: max_open_files below 16"):
-        load_config(RolloutSettings, overrides=["tool_limits.max_open_files=8"])
-    with pytest.raises(ConfigError, match="rollout.tool_limits: memory_bytes must be a positive integer"):
-        load_config(RolloutSettings, overrides=["tool_limits.memory_bytes=0"])
+        # Every limit of the section reaches the pool, the ones only a config sets included.
+        assert (runtime.sandbox.config.slots_per_worker, runtime.sandbox.level) == (2, "none")
+    with pytest.raises(ConfigError, match="max_open_files below 16"):
+        load_config(RolloutSettings, overrides=["sandbox.max_open_files=8"])
+    with pytest.raises(ConfigError, match="memory_bytes must be a positive integer"):
+        load_config(RolloutSettings, overrides=["sandbox.memory_bytes=0"])
 
 
 def test_a_job_config_sets_the_pool_memory_bound():
     settings = load_config(RolloutSettings, overrides=[
-        "sandbox_workers=2", f"tool_limits.pool_memory_bytes={2 * 2**30}"])
+        "sandbox_workers=2", f"sandbox.pool_memory_bytes={2 * 2**30}"])
     with RolloutRuntime(settings) as runtime:
         assert runtime.sandbox.config.pool_memory_bytes == 2 * 2**30
     # Two templates cannot each hold one call of 1 GiB (the default memory_bytes) in 1 GiB.
-    with pytest.raises(ConfigError, match="rollout.tool_limits: pool_memory_bytes .* must leave each of the 2 templates"):
-        load_config(RolloutSettings, overrides=["sandbox_workers=2", f"tool_limits.pool_memory_bytes={2**30}"])
+    with pytest.raises(ConfigError, match="rollout.sandbox: pool_memory_bytes .* must leave each of the 2 templates"):
+        load_config(RolloutSettings, overrides=["sandbox_workers=2", f"sandbox.pool_memory_bytes={2**30}"])

@@ -13,6 +13,7 @@ it knows about other processes. `score_rollouts`, the step that training and eva
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import contextlib
 import threading
 import time
@@ -57,8 +58,7 @@ class RolloutRuntime:
         s = self.settings
         with contextlib.ExitStack() as stack:  # a pool that fails to start stops the other
             sandbox = stack.enter_context(
-                SandboxPool(num_workers=s.sandbox_workers, timeout_s=s.tool_timeout_s,
-                            **s.tool_limits.given()))
+                SandboxPool(num_workers=s.sandbox_workers, **dataclasses.asdict(s.sandbox)))
             verifier = stack.enter_context(
                 VerifierPool(num_workers=s.verifier_workers, timeout_s=s.verifier_timeout_s))
             self._stack = stack.pop_all()
