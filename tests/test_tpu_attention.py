@@ -74,8 +74,7 @@ def test_the_layouts_hold_several_sequences_per_row_and_the_edge_cases():
     assert (lengths.sum(axis=1) == t).all() and (lengths == t).any()  # one fills its row
 
 
-@pytest.mark.parametrize("layout", [SEVERAL, pytest.param(FILLING, marks=pytest.mark.slow)],
-                         ids=["several", "filling"])
+@pytest.mark.parametrize("layout", [SEVERAL, FILLING], ids=["several", "filling"])
 def test_splash_equals_the_block_kernel_in_float32(layout):
     """Output and q/k/v gradients of a weighted sum, float32: the same up to float32 rounding."""
     got, want, *_ = _splash_and_block(layout, jnp.float32)
@@ -83,7 +82,6 @@ def test_splash_equals_the_block_kernel_in_float32(layout):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5, err_msg=name)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", [SEVERAL, FILLING], ids=["several", "filling"])
 def test_splash_is_as_close_to_float32_as_the_block_kernel_in_bfloat16(layout):
     """In bfloat16 both kernels round; splash's output and gradients are as close to the
