@@ -13,7 +13,7 @@ dataclass (``rstar2_jax.train.configs``); a bad key or value stops with a messag
     python -m rstar2_jax launch --processes 2 sft --config ...   # N processes of one run
 
 Every job joins the run's other processes first when the environment describes several
-(``rstar2_jax.distributed``).
+(``rstar2_jax.parallel.distributed``).
 
 A new job is one function here plus one ``add_parser`` line in ``main``.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rstar2_jax.config import load_config
-from rstar2_jax.distributed import initialize_from_env, launch, require_single_process
+from rstar2_jax.parallel.distributed import initialize_from_env, launch, require_single_process
 from rstar2_jax.errors import (
     ConfigError,
     ModelError,

@@ -21,7 +21,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.data.datasets import Problem
 from rstar2_jax.errors import ConfigError
-from rstar2_jax.hosts import claims, gather, gather_questions
+from rstar2_jax.parallel.hosts import claims, gather, gather_questions
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutLimits, SamplingParams
 from rstar2_jax.sandbox.result import without_time
@@ -84,7 +84,7 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
              samples: int, fmt: chat.ChatFormat = chat.ChatFormat(),
              ks: Sequence[int] = (1,), seed: int = 0) -> tuple[EvalReport, list[SampleRecord]]:
     """Samples every problem `samples` times and scores each sample. Across several processes
-    each takes problems from a shared queue as its rows free up (`rstar2_jax.hosts`) and every
+    each takes problems from a shared queue as its rows free up (`rstar2_jax.parallel.hosts`) and every
     process returns the report and records of all of them, the same as one process's.
 
     Args:
@@ -100,7 +100,7 @@ def evaluate(sampler: AgentSampler, params, verifier, problems: Sequence[Problem
     if samples < 1 or any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"need samples >= 1 and every k in 1..samples; got {samples}, {ks}")
     prompts = [chat.encode_prompt(sampler.tokenizer, p.question, fmt) for p in problems]
-    # Hosts take the problems from a shared queue as their rows free up (rstar2_jax.hosts).
+    # Hosts take the problems from a shared queue as their rows free up (rstar2_jax.parallel.hosts).
     trajs, rewards, stats, _ = score_rollouts(sampler, verifier, params, problems, prompts,
                                               samples, seed, claim=claims(len(problems)))
     untimed = without_time if sampler.settings.show_tool_time else (lambda text: text)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from rstar2_jax.distributed import initialize_from_env
+from rstar2_jax.parallel.distributed import initialize_from_env
 
 initialize_from_env()
 
@@ -17,7 +17,7 @@ import jax  # noqa: E402
 from jax._src.distributed import global_state  # noqa: E402
 
 from claims_setup import SAMPLES, drawn, make_setup  # noqa: E402
-from rstar2_jax import hosts  # noqa: E402
+from rstar2_jax.parallel import hosts  # noqa: E402
 from rstar2_jax.sampler import Trajectory  # noqa: E402
 
 WAIT_MS = 300_000

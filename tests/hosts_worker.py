@@ -13,7 +13,7 @@ Prints one JSON line of what it saw."""
 import json
 import threading
 
-from rstar2_jax.distributed import initialize_from_env
+from rstar2_jax.parallel.distributed import initialize_from_env
 
 initialize_from_env()
 
@@ -22,10 +22,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax._src.distributed import global_state  # noqa: E402
 
-from rstar2_jax import hosts  # noqa: E402
+from rstar2_jax.parallel import hosts  # noqa: E402
 from rstar2_jax.model import ModelConfig, init_params  # noqa: E402
-from rstar2_jax.roles import ServingCopy, rollout_mesh, split_devices  # noqa: E402
-from rstar2_jax.sharding import make_mesh, shard_params  # noqa: E402
+from rstar2_jax.parallel.roles import ServingCopy, rollout_mesh, split_devices  # noqa: E402
+from rstar2_jax.parallel.sharding import make_mesh, shard_params  # noqa: E402
 
 me = jax.process_index()
 seen = {}

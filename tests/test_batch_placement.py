@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rstar2_jax import sharding
+from rstar2_jax.parallel import sharding
 
 
 def _batch(rows):

@@ -16,7 +16,7 @@ import pytest
 
 from rstar2_jax.cli import main
 from rstar2_jax.config import ConfigError, load_config
-from rstar2_jax.distributed import free_port, initialize_from_env
+from rstar2_jax.parallel.distributed import free_port, initialize_from_env
 from rstar2_jax.train.checkpoint import Checkpointer
 from rl_setup import copied_rl_setup, rl_overrides
 from rstar2_jax.train.configs import RLJobConfig, SFTConfig

@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from helpers_hf import tiny_random_model
-from rstar2_jax import sharding
+from rstar2_jax.parallel import sharding
 from rstar2_jax.model import forward, forward_cached, init_cache
 
 # hidden, intermediate, vocab and (for tp=2) heads and kv heads divide every mesh axis used here.

@@ -12,7 +12,7 @@ import pytest
 from rstar2_jax.algorithms import ALGORITHMS, RolloutCorrection, gspo_loss, policy_loss, regularized
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
-from rstar2_jax.sharding import make_mesh, param_specs, shard_params
+from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.configs import OptimizerConfig, RLConfig
 from rstar2_jax.train.optim import make_optimizer
 from rstar2_jax.train import rl_update

@@ -18,7 +18,7 @@ paper's scale"):
   reads the engine's share of the weights and every running row's keys and values, at
   ``--decode-efficiency`` of the HBM roofline (not measured: no accelerator has run our
   decode since the paged cache landed); rows are handed to engines as they free up (the
-  load-balanced queue, `rstar2_jax.hosts.claims`), and the step's rollouts end with its
+  load-balanced queue, `rstar2_jax.parallel.hosts.claims`), and the step's rollouts end with its
   slowest engine (simulated row by row);
 - the weight copy: a serving copy (bf16) all-gathered within each host and copied device to
   device to the rollout devices, at ``--link-gbs`` GB/s.

@@ -54,7 +54,7 @@ def tiny_config(out: str, steps: int):
 
 def worker(args) -> None:
     """One process of a setting: the RL run, and (process 0) its per-step metrics as JSON."""
-    from rstar2_jax.distributed import initialize_from_env
+    from rstar2_jax.parallel.distributed import initialize_from_env
 
     initialize_from_env()
     import jax
@@ -82,7 +82,7 @@ def worker(args) -> None:
 
 def run_setting(out: Path, text: str, k: int, steps: int, padded: bool) -> list[dict]:
     """Runs one setting as its processes; returns process 0's per-step metrics."""
-    from rstar2_jax.distributed import free_port
+    from rstar2_jax.parallel.distributed import free_port
 
     processes, devices, _ = layout(text)
     result = out / f"result_{text.replace(':', 'r')}_k{k}.json"

@@ -1,6 +1,6 @@
 """Rollout step time of 2 JAX processes on a skewed step: each host's fixed block of the
 questions (static) against questions taken from a shared queue as rows free up (balanced,
-`rstar2_jax.hosts.claims`).
+`rstar2_jax.parallel.hosts.claims`).
 
     python experiments/benchmarks/bench_balanced_rollouts.py [--repeats 3] [--tool-s 1.0]
 
@@ -28,7 +28,7 @@ QUESTIONS, SAMPLES, ROWS = 8, 2, 2
 
 
 def worker(repeats: int, tool_s: float) -> None:
-    from rstar2_jax.distributed import initialize_from_env
+    from rstar2_jax.parallel.distributed import initialize_from_env
 
     initialize_from_env()
     import jax
@@ -37,7 +37,8 @@ def worker(repeats: int, tool_s: float) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from scripted_policy import FORMAT, make_policy, prompts_for
 
-    from rstar2_jax import chat, hosts
+    from rstar2_jax import chat
+    from rstar2_jax.parallel import hosts
     from rstar2_jax.sampler import (AgentSampler, RolloutLimits, RolloutSettings, SamplingParams,
                                     Trajectory)
     from rstar2_jax.sandbox import SandboxPool
@@ -96,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args.repeats, args.tool_s)
-    from rstar2_jax.distributed import free_port
+    from rstar2_jax.parallel.distributed import free_port
 
     address = f"127.0.0.1:{free_port()}"
     children = [subprocess.Popen(

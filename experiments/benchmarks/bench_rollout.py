@@ -58,8 +58,8 @@ from bench_train_step import MODELS, OPTIMIZER, random_batch, rl_step
 
 from rstar2_jax import chat
 from rstar2_jax.model.params import init_params
-from rstar2_jax.roles import ServingCopy
-from rstar2_jax.sharding import make_mesh
+from rstar2_jax.parallel.roles import ServingCopy
+from rstar2_jax.parallel.sharding import make_mesh
 from rstar2_jax.toy.tokenizer import build_tokenizer
 from rstar2_jax.train.configs import PrecisionConfig, RLConfig
 from rstar2_jax.train.step import TrainState

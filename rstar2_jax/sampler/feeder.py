@@ -18,7 +18,7 @@ class PromptFeeder:
     and call it starts in.
 
     Prompts are taken one at a time, when a row is free and no sample is left queued: in order,
-    or in the order ``claim`` hands them out (`rstar2_jax.hosts.claims`: hosts draw the step's
+    or in the order ``claim`` hands them out (`rstar2_jax.parallel.hosts.claims`: hosts draw the step's
     prompts from a shared queue as their rows free up). A prompt's keys do not depend on when or
     by whom it was taken, so any claim order draws the same samples.
 

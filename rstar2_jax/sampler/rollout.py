@@ -296,7 +296,7 @@ class AgentSampler:
         gives the tokens its rows get in the whole batch.
 
         With ``claim``, only the prompts it hands out are sampled, each as a row frees up
-        (`PromptFeeder`): `rstar2_jax.hosts.claims` shares a step's prompts among hosts that way.
+        (`PromptFeeder`): `rstar2_jax.parallel.hosts.claims` shares a step's prompts among hosts that way.
         A claimed prompt's samples are the ones the whole batch gives it.
 
         ``params`` are policy ``version``: each token's entry of `Trajectory.versions`. Weights

@@ -54,7 +54,7 @@ class MeshConfig:
 
     ``rollout_devices`` (RL only): each process's last that many local devices serve its
     sampler instead of training, so that rollouts and updates run at once on disjoint devices
-    under ``rl.max_staleness`` > 0 (`rstar2_jax.roles`); the mesh spans the other devices.
+    under ``rl.max_staleness`` > 0 (`rstar2_jax.parallel.roles`); the mesh spans the other devices.
     0, the default: every device trains and the sampler serves on the trainer's devices.
     """
 

@@ -24,7 +24,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from rstar2_jax import hosts
+from rstar2_jax.parallel import hosts
 
 # Segment slots per row, by default: one per this many tokens of the row. A row of shorter
 # sequences than that on average is closed when its slots are full.

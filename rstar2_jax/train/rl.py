@@ -20,11 +20,11 @@ no weight copy. Asynchronous (k > 0): a sampler thread rolls out step s with the
 update max(start, s - k), from its own copy in the serving dtype, while the trainer updates on
 earlier steps (`_pipelined`; docs/algorithms.md "Asynchronous RL"); with
 ``mesh.rollout_devices`` the two sides run on disjoint devices and the copy goes device to
-device (`rstar2_jax.roles`). Across several processes the hosts take the step's questions from
+device (`rstar2_jax.parallel.roles`). Across several processes the hosts take the step's questions from
 a shared queue as their engines free rows, roll them out with their own tool and verifier pools,
 exchange the rollouts' numbers through the distributed runtime's key-value store, and each trains
 on the rollouts of its block of the step's questions, whose trajectories alone it receives
-(`rstar2_jax.hosts`). Everything random
+(`rstar2_jax.parallel.hosts`). Everything random
 (question order, rollout draws, RoC sampling) derives from the run's seed and step, so a resumed
 run repeats the uninterrupted one (at k = 0: under k > 0 the rollouts in flight are not saved,
 and the first k steps after a resume sample with the resumed params).
@@ -46,10 +46,10 @@ from rstar2_jax import chat
 from rstar2_jax.algorithms import Algorithm, Rollouts, resolve_algorithm
 from rstar2_jax.data.datasets import Problem, load_problems
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.hosts import claims, deliver, gather, question_order, share as host_share
+from rstar2_jax.parallel.hosts import claims, deliver, gather, question_order, share as host_share
 from rstar2_jax.model import load_hf
 from rstar2_jax.rewards import VerifierPool
-from rstar2_jax.roles import ServingCopy, rollout_mesh
+from rstar2_jax.parallel.roles import ServingCopy, rollout_mesh
 from rstar2_jax.runtime import RolloutRuntime, score_rollouts
 from rstar2_jax.sampler import AgentSampler, RolloutStopped, SamplingParams, Trajectory
 from rstar2_jax.sampler.engine import bucket
@@ -189,7 +189,7 @@ class RLLoop:
         step_key = jax.random.fold_in(rng, step)
         rollout_seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
         # Each host takes the step's questions from a shared queue as its rows free up
-        # (rstar2_jax.hosts); a question draws the same rollouts whichever host takes it.
+        # (rstar2_jax.parallel.hosts); a question draws the same rollouts whichever host takes it.
         # Nothing else scores with the run's verifier pool, so its counters' change over the
         # rollouts is this step's (a timed-out or failed verification scores 0 unseen otherwise).
         verifier_before = self.verifier.stats()

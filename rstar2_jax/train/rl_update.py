@@ -54,7 +54,7 @@ from rstar2_jax.algorithms import (
 from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
+from rstar2_jax.parallel.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig
 from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
 from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction

@@ -24,8 +24,8 @@ import optax
 
 from rstar2_jax.config import config_to_dict
 from rstar2_jax.model import ModelConfig, load_hf
-from rstar2_jax.roles import split_devices
-from rstar2_jax.sharding import make_mesh, param_specs, shard_params
+from rstar2_jax.parallel.roles import split_devices
+from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.train.checkpoint import Checkpointer
 from rstar2_jax.train.configs import (
     CheckpointConfig,

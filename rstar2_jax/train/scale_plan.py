@@ -80,7 +80,7 @@ def plan(config: ScalePlanConfig) -> dict:
     import jax.numpy as jnp
 
     from rstar2_jax.model import init_params
-    from rstar2_jax.sharding import batch_spec, make_mesh, param_specs
+    from rstar2_jax.parallel.sharding import batch_spec, make_mesh, param_specs
     from rstar2_jax.train.configs import OptimizerConfig, RLConfig
     from rstar2_jax.train.optim import make_optimizer
     from rstar2_jax.train.rl_update import rl_loss

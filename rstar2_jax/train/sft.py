@@ -9,7 +9,7 @@ packed (`pack_batch`: several conversations per row, each attending only to itse
 conversation per row (`pad_batch`); both give the same loss and gradients.
 
 Across processes, each process encodes and feeds only its rows of each batch
-(`rstar2_jax.sharding.process_rows`); the batch order depends only on the seed and the step.
+(`rstar2_jax.parallel.sharding.process_rows`); the batch order depends only on the seed and the step.
 
 The loss is the token mean over the whole batch of ``-log p(token)`` at loss-mask positions,
 weighted by ``token_weights`` when the config gives digits another weight
@@ -29,7 +29,7 @@ import numpy as np
 from rstar2_jax import chat
 from rstar2_jax.errors import ConfigError, DataError
 from rstar2_jax.model import ModelConfig, token_logprobs
-from rstar2_jax.sharding import place_batch, process_fsdp_shards, process_rows
+from rstar2_jax.parallel.sharding import place_batch, process_fsdp_shards, process_rows
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import SFTConfig
 from rstar2_jax.train.metrics import PhaseTimer

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.sharding import batch_spec, named_shardings
+from rstar2_jax.parallel.sharding import batch_spec, named_shardings
 from rstar2_jax.train.optim import current_lr
 
 LossFn = Callable[[Any, dict], tuple[jax.Array, jax.Array, dict[str, jax.Array]]]

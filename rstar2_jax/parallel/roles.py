@@ -18,7 +18,7 @@ sampler's devices, cast to the serving dtype (`ServingCopy`):
 The all-gather is a collective of the trainer's mesh, so it runs in the trainer's thread, in the
 same order on every process; the sampler's programs run on its own devices only, and its
 exchanges with other hosts go through the distributed runtime's key-value store
-(`rstar2_jax.hosts`), so the two threads never contend for a device's collectives.
+(`rstar2_jax.parallel.hosts`), so the two threads never contend for a device's collectives.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig
-from rstar2_jax.sharding import FSDP, TP, make_mesh, named_shardings, param_specs
+from rstar2_jax.parallel.sharding import FSDP, TP, make_mesh, named_shardings, param_specs
 
 HOSTS = "hosts"
 

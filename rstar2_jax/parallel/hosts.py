@@ -1,5 +1,5 @@
 """Work split across JAX processes (hosts): which questions each host samples and what the hosts
-tell each other (the params a host's sampler reads: `rstar2_jax.roles`).
+tell each other (the params a host's sampler reads: `rstar2_jax.parallel.roles`).
 
 An RL step's or an evaluation's questions are a shared queue (`claims`): each host takes the
 next question as a row of its engine frees up, so a host whose questions finish early takes more
@@ -21,7 +21,7 @@ exchange belongs to a *channel* ("rollout": the sampler's side; "train": the tra
 k-th exchange of a channel on one process pairs with the k-th of that channel on every other
 process, whichever thread makes it. A host that finished early waits in the exchange (a
 blocking read, not a busy loop); if another host died, the distributed runtime's heartbeat
-timeout stops it (`rstar2_jax.distributed`).
+timeout stops it (`rstar2_jax.parallel.distributed`).
 
 On one process every function here is the identity (or the whole range, in order).
 """
@@ -87,7 +87,7 @@ def claims(count: int, channel: str = "rollout") -> Callable[[], int | None]:
 
     The queue is a counter in the key-value store of JAX's distributed runtime (process 0's
     coordination service), taken with an atomic increment: one round trip, about 0.35 ms on
-    localhost. A process that dies stops the others (`rstar2_jax.distributed`).
+    localhost. A process that dies stops the others (`rstar2_jax.parallel.distributed`).
     """
     if jax.process_count() == 1:
         return in_order(count)
