@@ -7,12 +7,14 @@ from rstar2_jax.toy.staleness import collapse_step, staleness_table
 from rstar2_jax.toy.testbed import Arm, result_path
 
 
-def test_collapse_is_three_low_steps_in_a_row_or_low_to_the_end():
-    assert collapse_step([0.5, 0.09, 0.05, 0.2, 0.0, 0.0, 0.0, 0.0]) == 5
-    assert collapse_step([0.5, 0.4, 0.05, 0.0]) == 3  # low to the end: two steps are enough there
-    assert collapse_step([0.5, 0.3, 0.08]) == 3
+def test_collapse_is_a_low_reward_to_the_end_for_three_steps_or_more():
+    assert collapse_step([0.5, 0.09, 0.05, 0.2, 0.0, 0.004, 0.0, 0.0]) == 5
+    # A dip of three low steps that recovers is no collapse.
+    assert collapse_step([0.5, 0.07, 0.08, 0.06, 0.15, 0.3]) is None
+    assert collapse_step([0.5, 0.3, 0.05, 0.0]) is None  # two low steps at the end: too few
+    assert collapse_step([0.05, 0.0, 0.0]) == 1
     assert collapse_step([0.5, 0.1, 0.1, 0.1]) is None  # 0.1 is not below 0.1
-    assert collapse_step([0.5, 0.0, None, 0.0, 0.3]) is None  # a step without a reward breaks the run
+    assert collapse_step([0.5, 0.0, None, 0.0, 0.0]) is None  # a step without a reward is not low
     assert collapse_step([]) is None
 
 

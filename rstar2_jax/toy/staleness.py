@@ -10,22 +10,22 @@ from typing import Sequence
 
 from rstar2_jax.toy.testbed import ERROR_RATIO, TestbedConfig, load_results, spread, window_mean
 
-# A run has collapsed when its training reward (accuracy of the sampled rollouts) stays below
-# this for COLLAPSE_RUN steps in a row, or to the end: with no correct rollout in a group there
-# is no advantage, no update, and the policy never recovers (docs/testbed.md, "Staleness").
+# A run has collapsed when its training reward (accuracy of the sampled rollouts) falls below
+# this for good, for at least COLLAPSE_RUN steps: with no correct rollout in a group there is
+# no advantage and no update, so such a policy does not recover (docs/testbed.md, "Staleness").
+# A dip that recovers is no collapse.
 COLLAPSE_REWARD = 0.1
 COLLAPSE_RUN = 3
 
 
 def collapse_step(rewards: Sequence[float | None]) -> int | None:
-    """The 1-based step from which the training reward stays below `COLLAPSE_REWARD` for
-    `COLLAPSE_RUN` steps in a row, or to the end of the run; None when it never does. A step
-    without a reward (null) breaks a run of low ones."""
-    for start in range(len(rewards)):
-        window = rewards[start:start + COLLAPSE_RUN]
-        if all(r is not None and r < COLLAPSE_REWARD for r in window):
-            return start + 1
-    return None
+    """The 1-based step from which the training reward stays below `COLLAPSE_REWARD` to the end
+    of the run, when that is at least `COLLAPSE_RUN` steps; None otherwise. A step without a
+    reward (null) counts as not low."""
+    start = len(rewards)
+    while start > 0 and rewards[start - 1] is not None and rewards[start - 1] < COLLAPSE_REWARD:
+        start -= 1
+    return start + 1 if len(rewards) - start >= COLLAPSE_RUN else None
 
 
 def run_row(run: dict) -> dict:
