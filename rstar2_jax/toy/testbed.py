@@ -75,6 +75,8 @@ class Arm:
       max_staleness: the arm's ``rl.max_staleness`` (0, synchronous, by default): its
         rollouts come from the policy that many updates back (docs/algorithms.md,
         "Asynchronous RL").
+      mini_batches, lr: the arm's ``rl.mini_batches`` (optimizer updates per step; more than
+        one lets the clip act) and RL learning rate; None (the default) keeps ``demo``'s.
     """
 
     algorithm: str = "grpo_roc"
@@ -82,12 +84,18 @@ class Arm:
     label: str = ""
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     max_staleness: int = 0
+    mini_batches: int | None = None
+    lr: float | None = None
 
     def __post_init__(self):
         if self.oversample < 1:
             raise ValueError(f"oversample must be >= 1, got {self.oversample}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.mini_batches is not None and self.mini_batches < 1:
+            raise ValueError(f"mini_batches must be >= 1, got {self.mini_batches}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         resolve_algorithm(self.algorithm)  # a ValueError naming it, before anything runs
 
 
@@ -166,13 +174,15 @@ class TestbedConfig:
 
     def arm_config(self, seed: int, name: str) -> DemoConfig:
         """``seed_config(seed)`` with arm ``name``'s algorithm, rollouts per question, rollout
-        correction and staleness."""
+        correction, staleness, and its mini-batches and learning rate where it sets them."""
         arm, base = self.arms[name], self.seed_config(seed)
         rl = dataclasses.replace(base.rl, algorithm=arm.algorithm,
                                  rollouts_per_question=arm.oversample * base.rl.group_size,
                                  rollout_correction=arm.rollout_correction,
-                                 max_staleness=arm.max_staleness)
-        return dataclasses.replace(base, rl=rl)
+                                 max_staleness=arm.max_staleness,
+                                 mini_batches=arm.mini_batches or base.rl.mini_batches)
+        optimizer = dataclasses.replace(base.rl_optimizer, lr=arm.lr or base.rl_optimizer.lr)
+        return dataclasses.replace(base, rl=rl, rl_optimizer=optimizer)
 
     def label(self, name: str) -> str:
         return self.arms[name].label or name
