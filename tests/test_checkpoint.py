@@ -21,6 +21,7 @@ from rstar2_jax.train.checkpoint import (
     CorruptCheckpointError,
     RunFingerprint,
     RunMismatchError,
+    _fingerprints,
 )
 from rstar2_jax.train.configs import CheckpointConfig, OptimizerConfig
 from rstar2_jax.train.optim import make_optimizer
@@ -231,6 +232,22 @@ def test_a_checkpoint_without_policy_versions_is_the_synchronous_layout(tmp_path
     meta = ckpt.read_meta(1)
     assert "versions" not in meta and sorted(meta["fingerprints"]) == ["opt_state", "params"]
     assert ckpt.restore_latest(_state(0, 0), read_versions=True).versions == {}
+
+
+def test_saving_other_policy_versions_compiles_no_new_fingerprint_program(tmp_path):
+    # Each save of a k > 0 run holds other version numbers ({"3": params}, then {"4": params}):
+    # as tree keys they would make a new program every save, an unbounded compile set.
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(_state(3, 3), rng=jax.random.key(0), data_position=None, job_config={},
+              model_config=MODEL, versions={2: _state(9, 0).params})
+    ckpt.wait()
+    programs = _fingerprints._cache_size()
+    for step in (4, 5):
+        ckpt.save(_state(step, step), rng=jax.random.key(0), data_position=None, job_config={},
+                  model_config=MODEL, versions={step - 1: _state(9, 0).params})
+        ckpt.wait()
+    assert _fingerprints._cache_size() == programs
+    assert sorted(ckpt.read_meta(5)["fingerprints"]["versions"])[0].startswith("['4']")
 
 
 def test_damaged_policy_versions_are_damage_like_any_other(tmp_path, caplog):

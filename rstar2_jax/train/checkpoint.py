@@ -154,9 +154,14 @@ def _fingerprints(tree):
 
 
 def _fingerprint_dict(tree) -> dict[str, int]:
-    values = jax.device_get(_fingerprints(tree))
-    return {jax.tree_util.keystr(path): int(v)
-            for path, v in jax.tree_util.tree_flatten_with_path(values)[0]}
+    # The leaves go in as a list: a tree keyed by version numbers ({"3": params}, then
+    # {"5": params}) would otherwise be a new tree structure, and a new program, every save.
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not flat:
+        return {}
+    paths, leaves = zip(*flat)
+    values = jax.device_get(_fingerprints(list(leaves)))
+    return {jax.tree_util.keystr(path): int(v) for path, v in zip(paths, values, strict=True)}
 
 
 def _abstract(tree):
