@@ -99,8 +99,24 @@ def test_rerun_reads_finished_runs_back_and_other_settings_are_an_error(grid):
     stamps = [f.stat().st_mtime_ns for f in files]
     assert run_testbed(cfg, progress=False) == summary
     assert [f.stat().st_mtime_ns for f in files] == stamps
-    changed = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, rl_steps=3))
-    with pytest.raises(ValueError, match="rl_steps"):
+    changed = dataclasses.replace(cfg, demo=dataclasses.replace(
+        cfg.demo, stage=dataclasses.replace(cfg.demo.stage, steps=3)))
+    with pytest.raises(ValueError, match=r"differing: stage\.steps\)"):
+        run_testbed(changed, progress=False)
+    # Results saved before DemoConfig held the job configs (sft_epochs, rl_steps, max_turns, ...)
+    # read back under the new names, and still differ where the settings do.
+    for name in ("sft", next(iter(cfg.arms))):
+        path = Path(cfg.out) / "results" / name / f"seed{cfg.seeds[0]}.json"
+        result = json.loads(path.read_text())
+        saved = result["settings"]
+        sft, stage = saved.pop("sft"), saved.pop("stage")
+        saved |= {f"sft_{key}": sft[key] for key in ("epochs", "batch_size", "digit_loss_weight", "optimizer")}
+        saved |= {key: stage[key] for key in ("max_turns", "max_response_tokens")}
+        if name != "sft":
+            saved |= {"sft_packed": sft["packed"], "rl_steps": stage["steps"]}
+        path.write_text(json.dumps(result))
+    assert run_testbed(cfg, progress=False) == summary
+    with pytest.raises(ValueError, match=r"differing: stage\.steps\)"):
         run_testbed(changed, progress=False)
     # A result written before an option existed reads back while the option keeps its default.
     path = Path(cfg.out) / "results" / "sft" / f"seed{cfg.seeds[0]}.json"
@@ -282,7 +298,7 @@ def test_the_session_environment_builds_slips_whose_fix_reuses_the_session(tmp_p
 def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
     cfg = load_config(Config, overrides=[
         f"out={tmp_path}", "seeds=[3,4]", "arms.dr.algorithm=dr_grpo", "arms.dr.oversample=1",
-        "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.rl_steps=5",
+        "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.stage.steps=5",
         "arms.tis.rollout_correction.weights=token", "arms.tis.rollout_correction.weight_cap=3",
         "arms.tis.max_staleness=2"])
     assert list(cfg.arms) == ["grpo_roc", "grpo_tool", "grpo_2g", "dr", "mine", "tis"]
