@@ -17,31 +17,13 @@ later run without ``--only`` reads back. Re-running with the same ``out`` reads 
 back and runs only what is missing, then rewrites ``summary.md``, ``summary.json`` and the
 plots. docs/testbed.md has the details.
 """
-import argparse
-import dataclasses
-
 from rstar2_jax.compile_cache import enable_persistent_cache
-from rstar2_jax.config import load_config
-from rstar2_jax.toy.testbed import TestbedConfig, run_testbed
+from rstar2_jax.toy.testbed import TestbedConfig, parse_grid, run_testbed
+
 
 def parse(argv: list[str] | None = None) -> TestbedConfig:
     """The grid the command line asks for; options and overrides may come in any order."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated arm names to run and summarise")
-    parser.add_argument("--config", action="append",
-                        help="YAML file of TestbedConfig settings, applied before the overrides "
-                             "(several: in order)")
-    parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig")
-    # Intermixed: `--only a,b out=X` gives the overrides after the option too.
-    args = parser.parse_intermixed_args(argv)
-    cfg = load_config(TestbedConfig, args.config, args.overrides)
-    if args.only:
-        names = args.only.split(",")
-        unknown = sorted(set(names) - set(cfg.arms))
-        if unknown:
-            parser.error(f"--only names unknown arms {unknown}; the arms are {', '.join(cfg.arms)}")
-        cfg = dataclasses.replace(cfg, arms={name: cfg.arms[name] for name in names})
-    return cfg
+    return parse_grid(argv, description=__doc__)[0]
 
 
 if __name__ == "__main__":

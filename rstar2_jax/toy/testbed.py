@@ -33,6 +33,7 @@ positive that called the tool) is null, never 0; window means skip it.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -40,10 +41,10 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from rstar2_jax.algorithms import RolloutCorrection, resolve_algorithm
-from rstar2_jax.config import config_to_dict, config_to_yaml
+from rstar2_jax.config import config_to_dict, config_to_yaml, load_config
 from rstar2_jax.data.datasets import jsonl_rows
 from rstar2_jax.plots import RL_PANELS, plot_bands
 from rstar2_jax.sampler.runtime import RolloutRuntime
@@ -278,6 +279,34 @@ def with_missing(records: Sequence[dict]) -> list[dict]:
     """Per-step records with every `TRACKED` metric present: null where the step did not
     measure it (the RL loop leaves a ratio with nothing to measure out, never logs 0)."""
     return [{key: None for key in TRACKED} | dict(record) for record in records]
+
+
+def parse_grid(argv: Sequence[str] | None = None, *, description: str | None = None,
+               options: Callable[[argparse.ArgumentParser], object] | None = None,
+               ) -> tuple[TestbedConfig, argparse.Namespace]:
+    """The grid a testbed script's command line asks for (experiments/toy/), and the parsed
+    arguments: ``--config FILE`` (YAML settings, applied before the overrides; several apply in
+    order), ``key=value`` overrides of `TestbedConfig` and ``--only a,b`` (these arms only), in
+    any order; ``options`` adds a script's own. An unknown arm is an error naming the arms."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated arm names")
+    parser.add_argument("--config", action="append",
+                        help="YAML file of TestbedConfig settings, applied before the overrides "
+                             "(several: in order)")
+    parser.add_argument("overrides", nargs="*", help="key=value settings of TestbedConfig")
+    if options is not None:
+        options(parser)
+    # Intermixed: `--only a,b out=X` gives the overrides after the option too.
+    args = parser.parse_intermixed_args(argv)
+    cfg = load_config(TestbedConfig, args.config, args.overrides)
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - set(cfg.arms))
+        if unknown:
+            parser.error(f"--only names unknown arms {unknown}; the arms are {', '.join(cfg.arms)}")
+        cfg = dataclasses.replace(cfg, arms={name: cfg.arms[name] for name in names})
+    return cfg, args
 
 
 def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
