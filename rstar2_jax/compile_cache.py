@@ -22,7 +22,6 @@ by name.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import threading
@@ -78,12 +77,13 @@ class CompileStats:
     loaded: int = 0
     load_s: float = 0.0
     trace_s: float = 0.0
-    programs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    programs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __sub__(self, other: CompileStats) -> CompileStats:
         numbers = [f.name for f in dataclasses.fields(self) if f.name != "programs"]
+        programs = {k: n - other.programs.get(k, 0) for k, n in self.programs.items()}
         return CompileStats(*(getattr(self, k) - getattr(other, k) for k in numbers),
-                            programs=self.programs - other.programs)
+                            programs={k: n for k, n in programs.items() if n})
 
     def summary(self) -> str:
         return (f"compiled {self.compiled} programs in {self.compile_s:.1f} s, loaded {self.loaded} "
@@ -106,7 +106,7 @@ class CompileCounter:
     def _on_duration(self, event: str, seconds: float, fun_name: str = "?", **_) -> None:
         with self._lock:
             if event == _BACKEND_COMPILE:
-                self.stats.programs[fun_name] += 1
+                self.stats.programs[fun_name] = self.stats.programs.get(fun_name, 0) + 1
                 if getattr(self._hit, "pending", False):
                     self._hit.pending = False
                     self.stats.loaded += 1
@@ -119,7 +119,7 @@ class CompileCounter:
 
     def snapshot(self) -> CompileStats:
         with self._lock:
-            return dataclasses.replace(self.stats, programs=collections.Counter(self.stats.programs))
+            return dataclasses.replace(self.stats, programs=dict(self.stats.programs))
 
     def __enter__(self) -> CompileCounter:
         jax.monitoring.register_event_listener(self._on_event)

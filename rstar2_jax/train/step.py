@@ -104,10 +104,11 @@ def apply_update(optimizer: optax.GradientTransformation, state: TrainState,
                  acc: Accumulator) -> tuple[TrainState, dict]:
     """One optimizer update of ``state`` by the token-mean gradient of ``acc``, and its metrics
     (`make_train_step`'s)."""
-    denom = jnp.maximum(acc.count, 1.0)  # an all-masked batch has no gradient: not NaN
-    grads = jax.tree.map(lambda g: g / denom, acc.grads)
+    # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(acc.count, 1.0), acc.grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    denom = jnp.maximum(acc.count, 1.0)
     metrics = {name: value / denom if metric_reduction(name) == "mean" else value
                for name, value in acc.metrics.items()}
     metrics |= {"loss": acc.loss_sum / denom, "tokens": acc.count,
