@@ -20,12 +20,17 @@ A new job is one function here plus one ``add_parser`` line in ``main``.
 Bad input (config, data, model, tokenizer, an output path that cannot be written) stops the job
 with one line ``error: ...`` naming the file and what to change, exit status 2; ``--debug``
 shows the traceback instead. Jobs check their inputs and output paths before any long work.
+
+Ctrl-C, SIGTERM and SIGHUP stop a job the same way (`rstar2_jax.signals`): the save in flight
+completes, the pools close, one line says how to resume, exit status 128 + the signal's number
+(130, 143, 129).
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -40,6 +45,7 @@ from rstar2_jax.errors import (
     require_writable_dir,
     require_writable_file,
 )
+from rstar2_jax.signals import Stopped, stop_on
 
 # Jobs that run across processes; the others stop with a message when started as several.
 _MULTI_PROCESS_JOBS = {"sft", "rl", "eval", "hard-subset"}
@@ -70,6 +76,8 @@ def _sft(args: argparse.Namespace) -> int:
 def _rl(args: argparse.Namespace) -> int:
     from rstar2_jax.chat import get_format
     from rstar2_jax.data.datasets import load_problems
+    from rstar2_jax.model.hf import read_hf_config
+    from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.tokenizer import open_tokenizer
     from rstar2_jax.train.configs import RLJobConfig
     from rstar2_jax.rl.loop import run_rl
@@ -83,6 +91,8 @@ def _rl(args: argparse.Namespace) -> int:
         raise ConfigError(f"rl.questions_per_step={config.rl.questions_per_step} exceeds the "
                           f"{len(problems)} problems of stage.dataset={config.stage.dataset}; "
                           f"lower it or use a larger dataset")
+    preflight(config.precision.compute_config(read_hf_config(config.model.path)), config.rollout,
+              config.limits)
     _require_previous_stage(config.stage.init_from)
     args.resume = f"the newest checkpoint in {config.run_dir}"
     state = run_rl(config)
@@ -92,10 +102,13 @@ def _rl(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from rstar2_jax.evaluate import run_eval, write_samples
+    from rstar2_jax.model.hf import read_hf_config
+    from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.train.configs import EvalConfig
 
     config = load_config(EvalConfig, args.config, args.overrides)
     require_writable_file(config.output, "the evaluation output")
+    preflight(read_hf_config(config.model.path), config.rollout, config.limits)
     report, records = run_eval(config)
     import jax  # joined the run's processes by now (main)
 
@@ -108,11 +121,14 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _hard_subset(args: argparse.Namespace) -> int:
     from rstar2_jax.evaluate import run_hard_subset
+    from rstar2_jax.model.hf import read_hf_config
+    from rstar2_jax.sampler.memory import preflight
     from rstar2_jax.train.configs import RLJobConfig
 
     config = load_config(RLJobConfig, args.config, args.overrides)
     if config.hard_subset is not None:
         require_writable_file(config.hard_subset.output, "the hard subset")
+    preflight(read_hf_config(config.model.path), config.rollout, config.limits)
     _require_previous_stage(config.stage.init_from)
     kept, total = run_hard_subset(config)
     print(f"kept {kept} of {total} problems (not solved {config.hard_subset.samples}/"
@@ -230,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command not in _MULTI_PROCESS_JOBS:
                 require_single_process(args.command)
         # A line logged while a progress bar is drawn goes above the bar, not into it.
-        with logging_redirect_tqdm():
+        with logging_redirect_tqdm(), stop_on(signal.SIGTERM, signal.SIGHUP):
             return args.func(args)
     except (UserError, OSError) as e:
         # An OSError without a file name is not about the user's input: keep its traceback.
@@ -240,10 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             f"cannot access {e.filename}: {e.strerror or _one_line(e)}"
         print(f"error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if getattr(args, "debug", False):
             raise
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
         resume = getattr(args, "resume", None)
-        print("interrupted; " + (f"run the same command again to resume from {resume}" if resume
-                                 else "nothing to resume, run the command again"), file=sys.stderr)
-        return 130
+        print(("interrupted; " if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}; ")
+              + (f"run the same command again to resume from {resume}" if resume
+                 else "nothing to resume, run the command again"), file=sys.stderr)
+        return 128 + signum

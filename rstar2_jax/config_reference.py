@@ -25,7 +25,8 @@ Every key a job reads, generated from the config dataclasses by
 `python -m rstar2_jax.config_reference > docs/config.md` (a test checks this page is current).
 Set a key in a YAML file (`--config file.yaml`, nested mappings) or on the command line
 (`section.key=value`); an unknown key, a value of the wrong type or out of range stops the job
-before any work, with a message naming the key. A default of *required* must be given.
+before any work, with a message naming the key. Every number is >= 0, and a float is finite
+(at most 3.4e38) but where its note says what `inf` means. A default of *required* must be given.
 The `hard-subset` command reads the `rl` job's config and its `hard_subset` section; the toy's
 `demo` job has its own settings (docs/toy.md).
 """

@@ -10,6 +10,7 @@ else that escapes a job is a bug and keeps its traceback.
     ├── ModelError       a model directory that is missing, incomplete or unsupported
     ├── TokenizerError   a tokenizer that is missing or does not fit the model / chat format
     ├── MismatchError    a sampler whose log-probs are not the trainer's (temperature, weights)
+    ├── NonFiniteError   updates whose loss or gradient stays NaN or infinite (settings, data)
     └── OutputError      an output path that cannot be written
 
 They derive from ``ValueError`` (``OutputError`` from ``OSError``) so that code catching the
@@ -46,6 +47,11 @@ class TokenizerError(UserError, ValueError):
 class MismatchError(UserError, ValueError):
     """The sampler's log-probs of the tokens it drew disagree with the trainer's beyond the
     configured bound (``rl.first_step_gap_limit``): a setting or the served weights differ."""
+
+
+class NonFiniteError(UserError, FloatingPointError):
+    """Several steps in a row whose loss or gradient was NaN or infinite (their updates were
+    skipped): a learning rate or a weight that overflows, or bad data."""
 
 
 class OutputError(UserError, OSError):

@@ -1,5 +1,8 @@
-"""Checkpoints: exact round trip, keep-last-K, corruption fallback (export: test_export.py)."""
+"""Checkpoints: exact round trip, keep-last-K, corruption fallback, refusal of another run's
+checkpoints and of a read that fails for no proven reason (export: test_export.py)."""
+import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import jax
@@ -8,7 +11,14 @@ import numpy as np
 import pytest
 
 from rstar2_jax.model import ModelConfig, init_params
-from rstar2_jax.train.checkpoint import Checkpointer
+from rstar2_jax.errors import UserError
+from rstar2_jax.train.checkpoint import (
+    Checkpointer,
+    CheckpointReadError,
+    CorruptCheckpointError,
+    RunFingerprint,
+    RunMismatchError,
+)
 from rstar2_jax.train.configs import CheckpointConfig, OptimizerConfig
 from rstar2_jax.train.optim import make_optimizer
 from rstar2_jax.train.step import TrainState, init_train_state
@@ -21,9 +31,9 @@ MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=16, intermedi
                     num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, qk_norm=True)
 
 
-def _state(seed, step):
+def _state(seed, step, model=MODEL):
     opt = make_optimizer(OptimizerConfig(lr=1e-3), total_steps=10)
-    params = init_params(MODEL, jax.random.key(seed))
+    params = init_params(model, jax.random.key(seed))
     state = init_train_state(params, opt, step=step)
     # A non-trivial optimizer state, so that restoring the wrong one would show.
     grads = jax.tree.map(jnp.ones_like, params)
@@ -33,8 +43,9 @@ def _state(seed, step):
 
 def _save(ckpt, seed, step, position=None):
     ckpt.save(_state(seed, step), rng=jax.random.key(100 + step),
-              data_position=position or {"epoch": 0, "index": step}, job_config={"seed": seed},
-              model_config=MODEL)
+              data_position=position or {"epoch": 0, "index": step},
+              job_config={"seed": seed, "model": {"path": "models/small"}}, model_config=MODEL,
+              job="SFTConfig")
 
 
 def _assert_same(a, b):
@@ -53,7 +64,7 @@ def test_round_trip_is_exact_and_keeps_last_k(tmp_path):
     _assert_same(restored.state, _state(6, 6))
     assert int(restored.state.step) == 6
     assert restored.data_position == {"epoch": 1, "index": 60}
-    assert restored.job_config == {"seed": 6}
+    assert restored.job_config == {"seed": 6, "model": {"path": "models/small"}}
     assert restored.model_config == MODEL
     np.testing.assert_array_equal(jax.random.key_data(restored.rng),
                                   jax.random.key_data(jax.random.key(106)))
@@ -76,7 +87,7 @@ def _largest_file(step_dir: Path) -> Path:
                key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["flip_bit", "truncate", "delete_meta"])
+@pytest.mark.parametrize("damage", ["flip_bit", "truncate", "delete_meta", "garbage_meta"])
 def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, damage):
     ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3))
     _save(ckpt, seed=1, step=1)
@@ -89,8 +100,10 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, damage):
         victim.write_bytes(bytes(data))
     elif damage == "truncate":
         victim.write_bytes(bytes(data[: len(data) // 3]))
-    else:
+    elif damage == "delete_meta":
         (tmp_path / "2" / "meta" / "metadata").unlink()
+    else:
+        (tmp_path / "2" / "meta" / "metadata").write_text('{"step": 2, "fingerpr')
     with caplog.at_level(logging.WARNING):
         restored = Checkpointer(tmp_path).restore_latest(_state(0, 0))
     assert int(restored.state.step) == 1
@@ -101,3 +114,64 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, damage):
 
 def test_no_checkpoint_returns_none(tmp_path):
     assert Checkpointer(tmp_path).restore_latest(_state(0, 0)) is None
+
+
+def _listing(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size for p in directory.rglob("*")}
+
+
+def test_a_checkpoint_of_another_model_or_job_is_refused_and_left_alone(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    _save(ckpt, seed=1, step=1)
+    _save(ckpt, seed=2, step=2)
+    ckpt.wait()
+    before = _listing(tmp_path)
+    wider = dataclasses.replace(MODEL, hidden_size=24)
+    with pytest.raises(RunMismatchError, match=r"step 2 .* another model: hidden_size=16 "
+                                               r"\(model.path=models/small\), and this job's "
+                                               r"model.path=models/wide has hidden_size=24"):
+        Checkpointer(tmp_path).restore_latest(_state(0, 0, wider),
+                                              expect=RunFingerprint("SFTConfig", wider, "models/wide"))
+    with pytest.raises(RunMismatchError, match=r"another kind of job \(SFTConfig, this job is "
+                                               r"RLJobConfig\)"):
+        Checkpointer(tmp_path).restore_latest(_state(0, 0),
+                                              expect=RunFingerprint("RLJobConfig", MODEL, "models/small"))
+    assert _listing(tmp_path) == before
+    # The same model in another dtype is the same run (CheckpointDtypeError speaks for the dtype).
+    same = RunFingerprint("SFTConfig", dataclasses.replace(MODEL, dtype="bfloat16"), "elsewhere")
+    assert int(Checkpointer(tmp_path).restore_latest(_state(0, 0), expect=same).state.step) == 2
+
+
+@pytest.mark.parametrize("error", [OSError(5, "Input/output error"), MemoryError(),
+                                   ValueError("UNAVAILABLE: the filesystem went away")])
+def test_a_read_that_fails_for_no_proven_reason_stops_and_moves_nothing(tmp_path, monkeypatch, error):
+    ckpt = Checkpointer(tmp_path)
+    _save(ckpt, seed=1, step=1)
+    _save(ckpt, seed=2, step=2)
+    ckpt.wait()
+    before = _listing(tmp_path)
+    reader = Checkpointer(tmp_path)
+    restore = reader._manager.restore
+
+    def failing(step, args):
+        if "params" in args.keys():
+            raise error
+        return restore(step, args=args)
+
+    monkeypatch.setattr(reader._manager, "restore", failing)
+    with pytest.raises(CheckpointReadError, match=r"cannot read checkpoint step 2 .* nothing was "
+                                                  r"moved or changed") as e:
+        reader.restore_latest(_state(0, 0))
+    assert isinstance(e.value, UserError) and "\n" not in str(e.value)
+    assert _listing(tmp_path) == before
+
+
+def test_when_every_checkpoint_is_damaged_the_run_does_not_start_over(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    _save(ckpt, seed=1, step=1)
+    ckpt.wait()
+    (tmp_path / "1" / "meta" / "metadata").unlink()
+    with pytest.raises(CorruptCheckpointError, match=r"every checkpoint in .* is damaged \(steps "
+                                                     r"\[1\], moved to corrupt-<step>\)"):
+        Checkpointer(tmp_path).restore_latest(_state(0, 0))
+    assert os.listdir(tmp_path) == ["corrupt-1"]

@@ -1,6 +1,7 @@
 """Every CLI entry point reports bad input in one line naming the file, exit status 2, before
 any work (issue 13, item 11; issue 12: a model directory without a tokenizer)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -137,3 +138,28 @@ def test_one_line_from_a_fresh_process(files):
     assert proc.stderr.strip() == (f"error: model directory {files}/nowhere does not exist (model.path "
                                    f"must be a local Hugging Face checkpoint directory with config.json "
                                    f"and *.safetensors)")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.num_slots=1000000000", "temporaries .* for 1000000000 slots"),
+    ("stage.max_response_tokens=1000000000000", r"one row of 100000000\d{4} tokens"),
+])
+def test_rollout_sizes_no_device_can_hold_stop_before_any_work(files, capsys, override, message):
+    """Issue 51: accepted, then the engine tried to allocate them at the first rollout (on CPU,
+    the host's memory); refused now before the pools start (the `no_rollouts` fixture)."""
+    err = _run(capsys, *_rl(files, override))
+    assert err.startswith("error: the rollout engine needs at least ") and re.search(message, err), err
+    assert not (files / "run_rl").exists()
+    assert re.search(message, _run(capsys, *_eval(files, override.replace("stage.", ""))))
+
+
+def test_more_sandbox_templates_than_the_host_holds_stop_at_the_config(files, capsys, monkeypatch):
+    """Issue 51: `rollout.sandbox_workers=1000` started a thousand templates of ~64 MiB each."""
+    from rstar2_jax.sandbox import config as sandbox_config
+
+    monkeypatch.setattr(sandbox_config, "host_memory_bytes", lambda: 24 << 30)
+    err = _run(capsys, *_rl(files, "rollout.sandbox_workers=1000"))
+    assert ("rollout.sandbox_workers=1000: 1000 sandbox templates take about 62.5 GiB at rest (64 MiB "
+            "each, before any call), more than this host's 24.0 GiB: use at most 384") in err
+    err = _run(capsys, *_rl(files, "rollout.sandbox_workers=384", "rl.questions_per_step=2"))
+    assert "rl.questions_per_step=2 exceeds" in err  # 384 fit: the next check speaks

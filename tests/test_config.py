@@ -108,3 +108,69 @@ def test_dict_round_trip():
                                                             "hard_subset.output=/b"])
     assert config_from_dict(RLJobConfig, config_to_dict(cfg)) == cfg
     assert cfg.hard_subset is not None and cfg.hard_subset.samples == 8
+
+
+# --- one rule for every number (issue 51, item 4) ------------------------------------------------
+
+def _numbers(config, prefix=""):
+    """(dotted key, value, field) of every number in a loaded config."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numbers(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield prefix + f.name, value, f
+
+
+def _jobs():
+    from rstar2_jax.toy.demo import DemoConfig
+    from rstar2_jax.train.configs import EvalConfig
+    from rstar2_jax.rl.scale_plan import ScalePlanConfig
+
+    return [(RLJobConfig, REQUIRED_RL), (SFTConfig, ["model.path=/m", "data=/d", "run_dir=/r"]),
+            (EvalConfig, ["model.path=/m", "dataset=/d", "output=/o"]), (DemoConfig, []),
+            (ScalePlanConfig, [])]
+
+
+@pytest.mark.parametrize("schema, required", _jobs(), ids=lambda x: getattr(x, "__name__", ""))
+def test_every_number_of_every_job_is_finite_and_not_negative(schema, required):
+    """`optimizer.lr=inf`, `rl.temperature=inf`, `rl.entropy_coef=inf`, `optimizer.weight_decay=inf`
+    and `seed=-1` were accepted and trained NaN or died in numpy (the checks were one-sided).
+    Infinity is accepted only where it means something (the field's metadata says what)."""
+    numbers = list(_numbers(load_config(schema, overrides=required)))
+    assert numbers
+    for key, value, f in numbers:
+        last = key.rpartition(".")[2]
+        with pytest.raises(ConfigError, match=last):
+            load_config(schema, overrides=required + [f"{key}=-1"])
+        if isinstance(value, float):
+            for bad in (["nan"] if "infinity" in f.metadata else ["inf", "1e308", "nan"]):
+                with pytest.raises(ConfigError, match=last):
+                    load_config(schema, overrides=required + [f"{key}={bad}"])
+        else:
+            with pytest.raises(ConfigError, match=last):
+                load_config(schema, overrides=required + [f"{key}={2**63}"])
+
+
+def test_infinity_is_accepted_where_it_has_a_meaning():
+    config = load_config(RLJobConfig, overrides=REQUIRED_RL + [
+        "optimizer.grad_clip=inf", "rl.rollout_correction.weights=token",
+        "rl.rollout_correction.weight_cap=inf", "rl.rollout_correction.mask=token",
+        "rl.rollout_correction.mask_high=inf"])
+    assert config.optimizer.grad_clip == config.rl.rollout_correction.weight_cap == float("inf")
+    assert config.rl.rollout_correction.mask_high == float("inf")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("seed=-1", "config key 'seed': must be a number >= 0, got -1"),
+    ("optimizer.lr=inf", "config key 'optimizer.lr': must be finite in float32 (at most 3.4e38), got inf"),
+    ("optimizer.lr=1e308", "config key 'optimizer.lr': must be finite in float32"),
+    ("optimizer.eps=0", "optimizer.eps must be > 0"),
+    ("optimizer.eps=-1", "optimizer.eps"),
+    ("optimizer.grad_clip=nan", "config key 'optimizer.grad_clip': must be a number >= 0, got nan"),
+    ("rl.rollout_correction.weight_cap=-inf", "config key 'rl.rollout_correction.weight_cap': must be a number >= 0"),
+])
+def test_the_settings_that_ruined_a_run_are_refused_in_one_line(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(RLJobConfig, overrides=REQUIRED_RL + [override])
+    assert message in str(e.value) and "\n" not in str(e.value)

@@ -19,3 +19,10 @@ def test_bad_value_in_scale_plan_names_the_key(capsys):
 def test_bad_demo_key_exits_2_naming_it(capsys):
     assert main(["demo", "rl_stepz=3"]) == 2
     assert "rl_stepz" in capsys.readouterr().err
+
+
+def test_a_negative_seed_is_one_line_before_any_work(capsys):
+    """Issue 51: `seed=-1` passed the config and the first RL step died in numpy's traceback."""
+    assert main(["rl", "model.path=/nowhere", "run_dir=/tmp/x", "stage.name=s", "stage.steps=1",
+                 "stage.dataset=/nowhere.jsonl", "seed=-1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: config key 'seed': must be a number >= 0, got -1"

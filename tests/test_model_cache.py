@@ -19,11 +19,12 @@ from rstar2_jax.model.cache import (
     copy_pages,
     as_bits,
     cudnn_attend_pages,
-    decode_by_cudnn,
+    paged_decode_kernel,
     empty_pages,
     pool_shape,
     read_rows,
 )
+from rstar2_jax.model.pallas_pages import pallas_attend_pages
 from rstar2_jax.model.transformer import attention
 from rstar2_jax.sampler.engine import decode_chunk
 from rstar2_jax.sampler.sampling import SamplingParams
@@ -212,33 +213,59 @@ def test_cudnn_paged_decode_matches_attention_over_the_gathered_rows():
                                atol=2e-2, rtol=2e-2)
     poisoned = v.at[1, tables[1, 1:]].set(jnp.nan).at[1, tables[2, 2:]].set(jnp.nan)
     assert np.isfinite(np.asarray(cudnn_attend_pages(q, k, poisoned, 1, tables, lengths))).all()
-    assert decode_by_cudnn(q, k)
+    assert paged_decode_kernel(q, k) is kv.cudnn_attend_pages
 
 
+def test_the_pallas_paged_decode_matches_attention_over_the_gathered_rows():
+    """The Pallas kernel AMD GPUs decode by (`pallas_attend_pages`), run by Pallas' interpreter
+    here: Qwen3-0.6B's grouped heads (16 / 8) over the right layer's pages of each row up to its
+    length (rows of different lengths in scattered pages, a partly visible last page, a pool of
+    more pages than the rows use), in float32 and bfloat16."""
+    rng = np.random.default_rng(7)
+    layers, num_pages, heads, kv_heads, page_size, dim, width = 3, 40, 16, 8, 8, 16, 8
+    lengths = jnp.asarray([4 * page_size + 3, 1, 2 * page_size], jnp.int32)
+    tables = jnp.asarray(rng.permutation(num_pages)[:3 * width].reshape(3, width), jnp.int32)
+    mask = jnp.arange(width * page_size)[None, None, :] < lengths[:, None, None]
+    for dtype, tolerance in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
+        k, v = (jnp.asarray(rng.standard_normal((layers, num_pages, kv_heads, page_size, dim)),
+                            dtype) for _ in range(2))
+        q = jnp.asarray(rng.standard_normal((3, 1, heads, dim)), dtype)
+        cache = KVCache(k=k, v=v, block_table=tables, lengths=lengths)
+
+        out = pallas_attend_pages(q, k, v, 1, tables, lengths, interpret=True)
+
+        expected = attention(q, read_rows(cache, k, 1), read_rows(cache, v, 1), mask)
+        np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                                   atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("platform, name", [("cuda", "cudnn"), ("rocm", "pallas")])
 @pytest.mark.parametrize("kernel", ["right", "raises", "ignores_lengths"])
-def test_a_paged_decode_kernel_that_fails_or_disagrees_is_never_used(kernel, monkeypatch, caplog):
-    """The check before cuDNN's paged decode (run here with stand-ins for the kernel): one that
-    raises, or that reads every slot of each row's pages instead of stopping at its length, is
-    not used and a warning says so; one that agrees with the gathered rows is."""
+def test_a_paged_decode_kernel_that_fails_or_disagrees_is_never_used(kernel, platform, name,
+                                                                      monkeypatch, caplog):
+    """The check before a paged decode kernel (cuDNN's for NVIDIA, the Pallas one for AMD; run
+    here with stand-ins for the kernel): one that raises, or that reads every slot of each
+    row's pages instead of stopping at its length, is not used and a warning says so; one that
+    agrees with the gathered rows is."""
     def stand_in(q, k, v, layer, table, lengths):
         if kernel == "raises":
-            raise RuntimeError("no such cuDNN kernel")
+            raise RuntimeError("no such kernel")
         cache = KVCache(k=k, v=v, block_table=table, lengths=lengths)
         slots = jnp.arange(table.shape[1] * k.shape[3])[None, None, :]
         mask = slots < (slots.size if kernel == "ignores_lengths" else lengths[:, None, None])
         return attention(q, read_rows(cache, k, layer), read_rows(cache, v, layer), mask)
 
-    kv._cudnn_pages_agree.cache_clear()
-    monkeypatch.setattr(kv, "_cudnn_supports", lambda q: True)
-    monkeypatch.setattr(kv, "cudnn_attend_pages", stand_in)
+    kv._pages_agree.cache_clear()
+    monkeypatch.setattr(kv.target, "current", lambda: kv.target.Target(platform, 9.0))
+    monkeypatch.setattr(kv, f"{name}_attend_pages", stand_in)
     q = jnp.zeros((2, 1, 4, 16), jnp.bfloat16)
     pool = jnp.zeros((1, 5, 2, 8, 16), jnp.bfloat16)
     try:
         with caplog.at_level("WARNING", logger="rstar2_jax.model.cache"):
-            used = kv.decode_by_cudnn(q, pool)
+            used = kv.paged_decode_kernel(q, pool)
     finally:
-        kv._cudnn_pages_agree.cache_clear()
-    assert used == (kernel == "right")
+        kv._pages_agree.cache_clear()
+    assert used is (stand_in if kernel == "right" else None)
     assert ("decode steps gather each row's pages instead" in caplog.text) == (kernel != "right")
 
 

@@ -254,6 +254,37 @@ def test_units_written_as_units_are_stripped(answer, gold):
     assert is_equivalent(gold, answer) is True
 
 
+# --- a number and the noun it counts, written as text (issue 51, item 5) --------------------------
+
+NOUNS = ["apples", "marbles", "days", "ways", "red apples", "students", "well-known facts"]
+
+
+@pytest.mark.parametrize("noun", NOUNS)
+@pytest.mark.parametrize("wrapper", ["\\text", "\\mbox", "\\textbf", "\\textrm"])
+@pytest.mark.parametrize("layout", ["{n} {w}{{ {noun}}}", "{n}{w}{{{noun}}}", "{w}{{{n} {noun}}}",
+                                    "\\frac{{{n}}}{{2}} {w}{{ {noun}}}"])
+def test_a_number_and_the_noun_it_counts_score_as_the_number(noun, wrapper, layout):
+    """Round four's unit list scored `\\boxed{3 \\text{ apples}}` 0 against `3`; MATH answers
+    carry such nouns (`3 \\text{ marbles}`, `7 \\text{ days}`, `4 \\text{ ways}`)."""
+    answer = layout.format(n=7, w=wrapper, noun=noun)
+    gold = "7" if "frac" not in layout else "\\frac{7}{2}"
+    assert score(f"<answer>\\boxed{{{answer}}}</answer>", gold) == 1.0
+    assert score(f"<answer>\\boxed{{{answer}}}</answer>", "8") == 0.0
+    assert is_equivalent(gold, answer) is True
+
+
+@pytest.mark.parametrize("answer", [
+    "5 \\text{ (or 6)}", "5 \\text{ or more}", "5 \\text{ or fewer}", "5 \\mbox{ Or More}",
+    "5 \\text{ at least}", "\\text{5 or 6}", "\\text{5 apples or 6}", "5 \\text{ apples or 6}",
+    "5 \\text{ dozen}", "\\text{5 million}", "5 \\text{ thousand}", "5 \\text{ thirds}",
+    "5 \\text{ squared}", "5 \\text{ factorial}", "5 \\text{ pi}", "5 \\text{ x}",
+    "5 \\text{ apples}^2"])
+def test_hedges_and_words_that_change_the_number_are_not_nouns(answer):
+    """A word that hedges (`or more`), scales (`dozen`, `million`, `thirds`), operates
+    (`squared`) or is a constant or variable (`pi`, `x`) is part of the answer."""
+    assert score(f"<answer>\\boxed{{{answer}}}</answer>", "5") == 0.0
+
+
 # --- sets for named parts (item 7) ----------------------------------------------------------------
 
 

@@ -1,8 +1,10 @@
 """Asynchronous RL (``rl.max_staleness`` = k): the pipelined loop at k = 0 is the synchronous
 loop; at k > 0 each step's rollouts come from the policy k updates back (version stamps, the
 bound, the staleness metrics), the same whether the trainer or the sampler is the slow side;
-a failure on either side ends the run with its error."""
+a failure on either side ends the run with its error, a SIGTERM with the checkpoint kept."""
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -11,12 +13,14 @@ import numpy as np
 import pytest
 
 from rl_setup import copied_rl_setup, rl_overrides
+from rstar2_jax.cli import main
 from rstar2_jax.config import load_config
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import load_hf
 from rstar2_jax.sampler import AgentSampler
 from rstar2_jax.sampler.engine import Engine
 from rstar2_jax.rl import loop as rl
+from rstar2_jax.train.checkpoint import Checkpointer, restore_params
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.rl.loop import run_rl
@@ -323,3 +327,42 @@ def test_finish_refuses_weights_mid_rollout():
     sampler.settings = RolloutSettings()
     with pytest.raises(ValueError, match="on_weight_update=finish"):
         sampler.update_weights({}, 1)
+
+
+def test_sigterm_during_an_async_step_keeps_the_checkpoint_and_the_command_resumes_it(
+        sft_model, monkeypatch, capsys):
+    """Issue 51: SIGTERM takes Ctrl-C's path. At k = 1 it comes while the trainer trains step 3
+    and the sampler rolls out step 4; checkpoints 1 and 2 stay (2's save may still be in
+    flight), the sampler thread ends, and the same command resumes from step 2 as any resume
+    from that checkpoint does (at k > 0 the rollouts in flight are not saved, so the reference
+    is a run stopped at step 2 and continued, not one that never stopped)."""
+    d = sft_model
+    command = ["rl", *rl_overrides(d, "terminated", 3, "rl.mini_batches=2", "mesh.fsdp=1",
+                                   "rl.max_staleness=1")]
+    train = RLStep.train
+
+    def terminated(loop, state, rollouts):
+        if rollouts.step == 2:
+            # (Without the job's handler the signal would end the test process.)
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "SIGTERM is not handled"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train(loop, state, rollouts)
+
+    monkeypatch.setattr(RLStep, "train", terminated)
+    assert main(command) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"stopped by SIGTERM; run the same command again to resume from the newest checkpoint "
+        f"in {d}/terminated")
+    assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
+    assert Checkpointer(d / "terminated" / "checkpoints").steps() == [1, 2]
+    assert [r["step"] for r in read_metrics(d / "terminated")] == [1, 2]
+
+    monkeypatch.undo()
+    assert main(command) == 0
+    run_rl(_config(d, "stopped_at_2", 1, 2), progress=False)
+    reference = run_rl(_config(d, "stopped_at_2", 1, 3), progress=False)
+    resumed = restore_params(d / "terminated" / "checkpoints")
+    assert int(resumed.state.step) == 3
+    for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(resumed.state.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    assert [r["step"] for r in read_metrics(d / "terminated")] == [1, 2, 3]

@@ -27,20 +27,21 @@ MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermedi
 SEQ, PROMPT = 24, 5
 
 
-def _batch(rows, seed=0, sampler_offset=0.0):
-    """Rollouts with a 5-token prompt, generated tokens of random length, right padding.
-    ``sampler_offset``: nats added to the trainer's log-probs to make the sampler's, a number or
-    an array ``[rows, SEQ - 1]``."""
+def _batch(rows, seed=0, sampler_offset=0.0, seq=SEQ, lengths=None):
+    """Rollouts with a 5-token prompt, generated tokens of random length (or of ``lengths``,
+    prompt included), right padding to ``seq``. ``sampler_offset``: nats added to the trainer's
+    log-probs to make the sampler's, a number or an array ``[rows, seq - 1]``."""
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(1, MODEL.vocab_size, (rows, SEQ)).astype(np.int32)
-    lengths = rng.integers(PROMPT + 2, SEQ + 1, rows)
-    positions = np.arange(SEQ)[None]
+    tokens = rng.integers(1, MODEL.vocab_size, (rows, seq)).astype(np.int32)
+    if lengths is None:
+        lengths = rng.integers(PROMPT + 2, seq + 1, rows)
+    positions = np.arange(seq)[None]
     attention = (positions < lengths[:, None]).astype(np.int32)
     loss_mask = attention * (positions >= PROMPT)
     # The sampler's log-probs: the trainer's own, shifted by `sampler_offset` nats.
     params = init_params(MODEL, jax.random.key(0))
     logp = np.asarray(token_logprobs(params, MODEL, tokens[:, :-1], tokens[:, 1:], attention[:, :-1]))
-    sampler_logp = np.zeros((rows, SEQ), np.float32)
+    sampler_logp = np.zeros((rows, seq), np.float32)
     sampler_logp[:, 1:] = logp + sampler_offset
     advantages = rng.normal(size=rows).astype(np.float32)
     return {"tokens": tokens, "attention_mask": attention, "loss_mask": loss_mask.astype(np.int32),
@@ -109,7 +110,7 @@ def test_metrics_of_one_and_two_mini_batches():
     expected = {"loss", "tokens", "grad_norm", "lr", "clip_low_frac", "clip_high_frac", "approx_kl",
                 "ratio_mean", "ratio_max", "entropy", "logprob_mismatch/abs", "logprob_mismatch/kl",
                 "logprob_mismatch/log_ppl_diff", "logprob_mismatch/log_ppl_abs_diff",
-                "logprob_mismatch/ratio_max", "logprob_mismatch/ratio_min"}
+                "logprob_mismatch/ratio_max", "logprob_mismatch/ratio_min", "update/skipped_nonfinite"}
     state, one = _update(batch, make_mesh(1, 1), mini_batches=1)
     assert set(one) == expected and all(np.isfinite(v) for v in one.values())
     # One update from freshly recomputed old log-probs: the ratio is exactly 1.
@@ -218,14 +219,38 @@ def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
     assert int(after.step) == 1
 
 
+# Rows of 192 tokens: four sequence slots per row (`PackShapes`: one per 64 tokens, rounded up
+# to a power of two), so short rollouts share rows. (With `SEQ` = 24 a row has one slot, and
+# packing would only drop the rows without a loss token.)
+PACKED_SEQ = 192
+
+
+def _packable_batch(rows, **kwargs):
+    """`_batch` of ``rows`` rollouts in rows of `PACKED_SEQ` tokens: rollout 0 has a one-token
+    response, rollout 1 fills its row, the others are short enough to share a row."""
+    lengths = np.random.default_rng(7).integers(PROMPT + 2, 40, rows)
+    lengths[:2] = PROMPT + 1, PACKED_SEQ
+    return _batch(rows, seq=PACKED_SEQ, lengths=lengths, **kwargs)
+
+
+def _assert_packs_the_edge_cases(batch, segment_lengths):
+    """Packed rows hold several rollouts, the one-token response among others, and the rollout
+    that fills a row alone."""
+    rows = [[n for n in row if n] for row in np.asarray(segment_lengths).tolist()]
+    assert max(len(row) for row in rows) >= 2, rows
+    assert batch["loss_mask"][0].sum() == 1
+    assert any(PROMPT + 1 in row and len(row) > 1 for row in rows), rows
+    assert [PACKED_SEQ] in rows, rows
+
+
 def _packed_and_padded(batch):
     """(padded, packed, slots, params): shifted host rows of ``batch`` as the update's loss takes
     them, with the on-policy old log-probs: one rollout per row, and one packed micro-batch of
-    as many rows, 4 segment slots each (``slots`` takes an array of the first layout to the
-    micro-batch's sequence slots, zeros in its empty ones)."""
+    as many rows of the batch's length (`PACKED_SEQ`: four segment slots each); ``slots`` takes
+    an array of the first layout to the micro-batch's sequence slots, zeros in its empty ones."""
     padded = rl_update._shift(batch)
-    [[micro]] = rl_update.micro_batch_rows(batch, PackShapes(SEQ, segments=4), len(batch["tokens"]),
-                                           1, packed=True)
+    [[micro]] = rl_update.micro_batch_rows(batch, PackShapes(batch["tokens"].shape[1]),
+                                           len(batch["tokens"]), 1, packed=True)
     index = micro.pop("index")
 
     def slots(x):
@@ -255,10 +280,11 @@ def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per
     bonus (entropy with its gradient) and the KL penalty to reference log-probs: the same loss
     sum, count, metric sums and gradients from packed rows as from one rollout per row, with
     per-rollout and per-token (rollout-correction) advantages."""
-    batch = _batch(6)
+    batch = _packable_batch(6)
     batch["loss_mask"][3] = 0  # a rollout with nothing to train on, as padding rows are
     padded, packed, slots, params = _packed_and_padded(batch)
-    assert (packed["segment_lengths"] > 0).sum(axis=1).max() > 1  # several rollouts in a row
+    _assert_packs_the_edge_cases(batch, packed["segment_lengths"])
+    assert np.count_nonzero(packed["segment_lengths"]) == 5  # all but the one without loss
     token_advantages = jnp.asarray(np.random.default_rng(1).normal(size=padded["mask"].shape),
                                    jnp.float32)
     for advantages in (padded["advantages"], token_advantages):
@@ -281,17 +307,34 @@ def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
+def _spy_on_packing(monkeypatch) -> list[dict]:
+    """The packed rows of each update from now on: the ``segment_lengths`` of all its
+    micro-batches (`rl_update.micro_batch_rows`' results)."""
+    seen, micro_batch_rows = [], rl_update.micro_batch_rows
+
+    def spy(*args, **kwargs):
+        plan = micro_batch_rows(*args, **kwargs)
+        seen.append({"segment_lengths": np.concatenate([mb["segment_lengths"] for mini in plan
+                                                        for mb in mini])})
+        return plan
+
+    monkeypatch.setattr(rl_update, "micro_batch_rows", spy)
+    return seen
+
+
 @pytest.mark.parametrize("rl", [
     dict(mini_batches=2, micro_batch_size=2, rollout_correction=RolloutCorrection(weights="token")),
     dict(micro_batch_size=2, algorithm="dr_grpo"),
 ], ids=["mini-micro-correction", "micro-seq-mean"])
-def test_a_packed_update_equals_the_padded_one(rl):
+def test_a_packed_update_equals_the_padded_one(rl, monkeypatch):
     """The whole update (old log-probs, rollout correction, mini- and micro-batches, optimizer):
     the same metrics and params from packed rows as from one rollout per row."""
-    batch = _batch(8, sampler_offset=-0.1)
+    batch = _packable_batch(8, sampler_offset=-0.1)
     mesh = make_mesh(1, 1)
     padded, m = _update(batch, mesh, lr=1e-3, packed=False, **rl)
+    packed_rows = _spy_on_packing(monkeypatch)
     packed, p_m = _update(batch, mesh, lr=1e-3, packed=True, **rl)
+    _assert_packs_the_edge_cases(batch, packed_rows[0]["segment_lengths"])
     assert p_m.keys() == m.keys()
     for k in m:
         assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
@@ -299,11 +342,15 @@ def test_a_packed_update_equals_the_padded_one(rl):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
 
 
-def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one():
-    batch = _batch(8)
-    rl = dict(entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3", micro_batch_size=2)
+def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one(monkeypatch):
+    # lr 1e-3, as in the test above: Adam's first step moves a weight whose gradient is at the
+    # level of summation-order noise by up to lr (at 3e-2, one weight of 4,096 by 6.9e-5).
+    batch = _packable_batch(8)
+    rl = dict(entropy_coef=0.1, kl_coef=0.5, kl_penalty="k3", micro_batch_size=2, lr=1e-3)
     padded, m = _reference_update(batch, 0.05, packed=False, **rl)
+    packed_rows = _spy_on_packing(monkeypatch)
     packed, p_m = _reference_update(batch, 0.05, packed=True, **rl)
+    _assert_packs_the_edge_cases(batch, packed_rows[0]["segment_lengths"])
     assert p_m.keys() == m.keys() and {"entropy_loss", "kl_loss", "ref_kl"} <= m.keys()
     for k in m:
         assert p_m[k] == pytest.approx(m[k], rel=1e-4, abs=1e-6), k
@@ -311,13 +358,32 @@ def test_a_packed_update_with_a_reference_and_both_terms_equals_the_padded_one()
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
 
 
+def test_a_batch_that_overflows_skips_every_update_of_the_step():
+    """Issue 51: advantages large enough that the loss sums overflow float32: both mini-batch
+    updates are skipped and counted, the params stay as they were."""
+    batch = _batch(8)
+    mesh = make_mesh(1, 1)
+    before = jax.device_get(shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh))
+    state, metrics = _update(batch | {"advantages": np.full(8, 1e38, np.float32)}, mesh,
+                             mini_batches=2)
+    assert metrics["update/skipped_nonfinite"] == 2.0 and not np.isfinite(metrics["loss"])
+    assert int(state.step) == 2
+    for a, b in zip(jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(before), strict=True):
+        np.testing.assert_array_equal(a, b)
+    _, metrics = _update(batch, mesh, mini_batches=2)
+    assert metrics["update/skipped_nonfinite"] == 0.0
+
+
 def test_mini_batch_metrics_combine_by_the_step_rule():
     from rstar2_jax.rl.update import _combine
 
-    updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0},
-               {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0}]
+    updates = [{"lr": 1.0, "grad_norm": 1.0, "tokens": 1.0, "ratio_max": 1.5, "ratio_min": 0.5, "kl": 4.0,
+                "update/skipped_nonfinite": 1.0},
+               {"lr": 2.0, "grad_norm": 3.0, "tokens": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "kl": 0.0,
+                "update/skipped_nonfinite": 1.0}]
     assert _combine(updates) == {"lr": 2.0, "grad_norm": 2.0, "ratio_max": 1.5, "ratio_min": 0.5,
-                                 "kl": 1.0}  # kl: (4 * 1 + 0 * 3) / 4 tokens
+                                 "kl": 1.0,  # (4 * 1 + 0 * 3) / 4 tokens
+                                 "update/skipped_nonfinite": 2.0}  # counted
 
 
 # --- the entropy bonus, the KL penalty and the reference ----------------------------------------
@@ -369,12 +435,12 @@ def test_with_both_terms_off_every_algorithm_updates_as_through_the_plain_loss(n
         assert metrics[k] == pytest.approx(float(plain[k]), rel=1e-5, abs=1e-7), k
 
 
-def _reference_update(batch, reference, **rl):
+def _reference_update(batch, reference, lr=3e-2, **rl):
     """One update with a reference policy: ``reference`` is the init params moved by noise of
     that scale (0: the init itself)."""
     mesh = make_mesh(1, 1)
     config = RLConfig(reference=True, **rl)
-    opt = make_optimizer(OptimizerConfig(lr=3e-2, warmup_steps=1), total_steps=10)
+    opt = make_optimizer(OptimizerConfig(lr=lr, warmup_steps=1), total_steps=10)
     specs = param_specs(MODEL, mesh)
     init = init_params(MODEL, jax.random.key(0))
     leaves, tree = jax.tree.flatten(init)

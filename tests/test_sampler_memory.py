@@ -123,3 +123,30 @@ def test_bfloat16_serving_halves_the_cache_and_casts_the_params(model):
     assert {x.dtype for x in jax.tree.leaves(model[2])} == {jnp.dtype(jnp.float32)}  # not in place
     # On CPU "auto" serves the model's own dtype.
     assert RolloutSettings().serving_config(model[1]).dtype == "float32"
+
+
+def test_preflight_refuses_what_no_device_holds_and_passes_the_rest(model):
+    """Issue 51: `preflight` checks a job's engine against a whole device before the job starts
+    (on CPU the host's memory): 10**9 slots or a 10**12-token response budget never fit."""
+    from rstar2_jax.sampler.memory import preflight
+
+    _, config, _ = model
+    plan = preflight(config, RolloutSettings(num_slots=4), LIMITS)
+    assert plan.fits and plan.budget > 0
+    with pytest.raises(ConfigError, match=r"for 1000000000 slots.*set rollout.num_slots=\d+ or fewer"):
+        preflight(config, RolloutSettings(num_slots=10**9), LIMITS)
+    huge = dataclasses.replace(LIMITS, max_response_tokens=10**12)
+    with pytest.raises(ConfigError, match=r"no slot count fits: lower the longest response"):
+        preflight(config, RolloutSettings(num_slots=4), huge)
+    with pytest.raises(ConfigError, match=r"may use 1.00 GiB"):  # the budget, when given
+        preflight(config, RolloutSettings(num_slots=4, memory_budget_gib=1.0),
+                  dataclasses.replace(LIMITS, max_response_tokens=10**7))
+
+
+def test_on_cpu_the_engine_budget_is_the_hosts_available_memory():
+    from rstar2_jax.sampler.memory import _host_memory, device_budget
+
+    assert jax.default_backend() == "cpu"
+    budget = device_budget(None, 0.5, {})
+    assert 0 < budget <= 0.5 * _host_memory("MemTotal")
+    assert device_budget(2.0, 0.5, {}) == 2 * GIB

@@ -64,3 +64,10 @@ def test_progress_line_shows_the_rl_reward_and_warns_when_nothing_was_kept():
     nothing = progress_fields({"reward/mean": 0.0, "reward/question_accuracy": 0.0, "groups/kept": 0.0})
     assert nothing["kept_groups"] == "0" and nothing["warning"] == "no group kept, no update"
     assert progress_fields({"loss": float("nan")})["non-finite"] == "loss"
+
+
+def test_progress_line_warns_of_a_skipped_update():
+    record = {"loss": float("nan"), "grad_norm": float("inf"), "update/skipped_nonfinite": 1.0}
+    assert progress_fields(record) == {"loss": "nan", "grad_norm": "inf", "non-finite": "loss,grad_norm",
+                                       "warning": "non-finite update skipped"}
+    assert "warning" not in progress_fields({"loss": 0.5, "update/skipped_nonfinite": 0.0})

@@ -111,3 +111,47 @@ def test_maxima_and_minima_are_not_divided_by_the_token_count():
     assert metrics["logit_min"] == pytest.approx(float(logits.min()), rel=1e-6)
     assert [metric_reduction(n) for n in ("ratio_max", "ratio_min", "entropy", "min_len")] == [
         "max", "min", "mean", "mean"]
+
+
+def _weighted_ce(params, batch):
+    """`_masked_ce` with each row's tokens weighted by ``batch["weight"]`` [rows] (as SFT weighs
+    digits): a large enough weight overflows the float32 sums."""
+    logits = params["embed"][batch["tokens"]] @ params["out"]
+    token_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], -1)[..., 0]
+    weight = batch["mask"] * batch["weight"][:, None]
+    return -(token_logp * weight).sum(), weight.sum(), {}
+
+
+def test_a_batch_that_overflows_skips_the_whole_update_on_every_device():
+    """Issue 51: a non-finite loss or gradient went through the clip and AdamW into every
+    weight. One row of one micro-batch, on one device, overflows: the update is skipped on all
+    of them, optimizer state included, and the next finite batch trains as if it had never
+    been."""
+    mesh = jax.make_mesh((4, 2), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2)
+    opt = make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=2), total_steps=10)
+    params = _params(jax.random.key(0))
+    step = make_train_step(_weighted_ce, opt, micro_batches=2, mesh=mesh, param_specs=SPECS,
+                           params=params)
+    good = _batch(jax.random.key(1)) | {"weight": jnp.ones(16)}
+    bad = good | {"weight": jnp.ones(16).at[5].set(1e38)}
+    assert int(good["mask"][5].sum()) > 1  # row 5 has tokens to weigh: micro-batch 1, fsdp shard 1
+
+    def fresh():
+        return init_train_state(jax.tree.map(jnp.copy, params), opt, mesh=mesh, param_specs=SPECS)
+
+    before = jax.device_get(fresh())
+    skipped, metrics = step(fresh(), bad)
+    assert float(metrics["update/skipped_nonfinite"]) == 1.0
+    assert not np.isfinite(float(metrics["loss"]))
+    for a, b in zip(jax.tree.leaves(jax.device_get(skipped.params)) + jax.tree.leaves(jax.device_get(skipped.opt_state)),
+                    jax.tree.leaves(before.params) + jax.tree.leaves(before.opt_state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(skipped.step) == 1
+
+    after_skip, metrics = step(skipped, good)
+    direct, direct_metrics = step(fresh(), good)
+    assert float(metrics["update/skipped_nonfinite"]) == 0.0
+    assert float(metrics["lr"]) == float(direct_metrics["lr"]) == pytest.approx(5e-3)  # warmup's first
+    for a, b in zip(jax.tree.leaves(after_skip.params), jax.tree.leaves(direct.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(direct.params["out"]), np.asarray(params["out"]))

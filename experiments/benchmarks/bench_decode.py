@@ -7,6 +7,8 @@
         --batches 64 --prompt-tokens 128 --new-tokens 128 --cost-only          # any machine, no weights
     python experiments/benchmarks/bench_decode.py --compile-depths 4 28        # first call vs depth
     python experiments/benchmarks/bench_decode.py --batches 64 --split         # a step's parts
+    python experiments/benchmarks/bench_decode.py --model qwen3-0.6b --dtype bfloat16 \\
+        --batches 1 64 --unroll-layers                      # layers unrolled (GPU command buffers)
 
 Decoding: `rstar2_jax.sampler.generate` of random prompts of ``--prompt-tokens`` tokens, greedy,
 exactly ``--new-tokens`` new tokens per row (no stop token), random weights of the ``--model``
@@ -135,13 +137,13 @@ def _gathered_decode():
     """The gathered decode program while a step is traced (see the module docstring)."""
     from rstar2_jax.model import cache
 
-    in_pages, by_cudnn = cache.decode_in_pages, cache.decode_by_cudnn
+    in_pages, kernel = cache.decode_in_pages, cache.paged_decode_kernel
     cache.decode_in_pages = lambda: False
-    cache.decode_by_cudnn = lambda *_: False
+    cache.paged_decode_kernel = lambda *_: None
     try:
         yield
     finally:
-        cache.decode_in_pages, cache.decode_by_cudnn = in_pages, by_cudnn
+        cache.decode_in_pages, cache.paged_decode_kernel = in_pages, kernel
 
 
 def decode_step_cost(config: ModelConfig, batch: int, context: int, page_size: int = 32) -> dict:
@@ -364,6 +366,8 @@ def measure(side: str, args, batch: int, layers: int | None = None) -> dict:
         argv += ["--path", args.path]
     if args.gather:
         argv += ["--gather"]
+    if args.unroll_layers:
+        argv += ["--unroll-layers"]
     if layers or args.layers:
         argv += ["--layers", str(layers or args.layers)]
     out = subprocess.run(argv, capture_output=True, text=True)
@@ -423,11 +427,18 @@ def main() -> None:
                         help="decode with each row's pages gathered, as the analysed program "
                              "does, also where cuDNN's paged attention runs (an NVIDIA GPU): "
                              "the path it replaced")
+    parser.add_argument("--unroll-layers", action="store_true",
+                        help="compile the layers unrolled instead of under one loop (on a GPU, "
+                             "XLA then captures each layer's kernels in one command buffer)")
+    parser.add_argument("--json", help="also write the timed rows here")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:  # a child: one measurement, printed as JSON on the last line
-        with _gathered_decode() if args.gather else contextlib.nullcontext():
+        from bench_train_step import _unrolled_loops
+
+        with (_gathered_decode() if args.gather else contextlib.nullcontext(),
+              _unrolled_loops() if args.unroll_layers else contextlib.nullcontext()):
             print(json.dumps(SIDES[args.side](args, model_config(args), args.batches[0])))
         return
 
@@ -486,6 +497,7 @@ def main() -> None:
             args.path = path
         print(header, flush=True)
         sides = ["ours"] + ["transformers"] * compare + ["floor"] * on_cpu
+        rows = []
         for batch in args.batches:
             # Sides alternate over the rounds, so that a change of load hits them alike.
             runs = {side: [] for side in sides}
@@ -507,6 +519,13 @@ def main() -> None:
                 row += (f" {tokens / seconds['floor']:>18.0f} "
                         f"{seconds['floor'] / seconds['ours']:>6.1%}")
             print(row, flush=True)
+            rows.append({"batch": batch, "prompt_tokens": args.prompt_tokens,
+                         "new_tokens": args.new_tokens, "tokens_per_s": tokens / seconds["ours"],
+                         "first_call_s": first, "roofline": least_s / seconds["ours"],
+                         "bandwidth": rate, "unroll_layers": args.unroll_layers})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -154,6 +155,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cost-only", action="store_true",
                         help="only XLA's cost analysis (abstract inputs: nothing allocated)")
+    parser.add_argument("--json", help="also write the timed steps here")
     args = parser.parse_args()
 
     preset = PRESETS[args.preset]
@@ -227,6 +229,7 @@ def main():
 
     params = jax.tree.map(lambda x: x.astype(args.params), init_params(config, jax.random.key(0)))
     step = make_step(config)
+    timed = []
     for name, batch in results.items():
         state = TrainState(jax.tree.map(jnp.copy, params), OPTIMIZER.init(params),
                            jnp.zeros((), jnp.int32))
@@ -235,6 +238,14 @@ def main():
         print(f"{name}: first step {compile_seconds:.1f} s, then {seconds:.3f} s median of "
               f"{args.repeats} -> {real / seconds:,.0f} real tokens/s"
               + (f", useful MFU {useful / seconds / peak:.1%} ({source})" if peak else ""))
+        timed.append({"layout": name, "preset": args.preset, "sequences": args.sequences,
+                      "micro_batches": args.micro_batches, "remat": args.remat,
+                      "first_step_s": compile_seconds, "step_s": seconds,
+                      "real_tokens_per_s": real / seconds, "useful_flops": useful,
+                      "useful_mfu": useful / seconds / peak if peak else None})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(timed, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -55,18 +55,19 @@ class RolloutCorrection:
     weights: "none", or the level of the importance weights: "token" (w_t = min(rho_t, C)),
       "sequence" (w = min(prod_t rho_t, C) for every token of the sequence) or "geometric"
       (w = min(exp(mean_t log rho_t), C)).
-    weight_cap: C, the truncation of the weights (> 0; verl's default 2.0).
+    weight_cap: C, the truncation of the weights (> 0; verl's default 2.0; inf: none).
     mask: "none", or the level at which tokens are dropped from the loss: "token" (rho_t outside
       [mask_low, mask_high]), "sequence" (the product of the sequence's ratios outside it: the
       whole sequence) or "geometric" (their geometric mean outside it).
-    mask_low, mask_high: the kept range of the ratio, 0 < mask_low <= 1 <= mask_high.
+    mask_low, mask_high: the kept range of the ratio, 0 < mask_low <= 1 <= mask_high (inf: no
+      upper bound).
     """
 
     weights: str = "none"
-    weight_cap: float = 2.0
+    weight_cap: float = dataclasses.field(default=2.0, metadata={"infinity": "no cap"})  # inf: none
     mask: str = "none"
     mask_low: float = 0.5
-    mask_high: float = 2.0
+    mask_high: float = dataclasses.field(default=2.0, metadata={"infinity": "no upper bound"})  # inf: none
 
     def __post_init__(self):
         for name in ("weights", "mask"):

@@ -2,7 +2,7 @@
 
 Each is a few lines on the seam; the formulas are in the docstrings of the functions it names.
 
-    rl.algorithm=grpo_roc                     a name below (the default)
+    rl.algorithm=grpo_roc                     a name of `ALGORITHMS` (the default)
     rl.algorithm=my_package.my_module:MINE    an Algorithm defined in your own code
 
 `ALGORITHMS` is the list of names; docs/algorithms.md tabulates each one's selection, advantage

@@ -6,8 +6,8 @@
     logits, cache = forward_cached(params, config, tokens, cache, num_new)  # prefill / decode
 
 The params tree is documented in `params.py`, padding conventions in `transformer.py`, packed
-rows and their block-skipping attention kernel in `packed_attention.py` and the cache layout in
-`cache.py`.
+rows and their block-skipping attention kernel in `packed_attention.py`, the cache layout in
+`cache.py`, and the device a program is compiled for, which picks its kernels, in `target.py`.
 """
 from rstar2_jax.model.cache import KVCache, forward_cached, init_cache
 from rstar2_jax.model.config import ModelConfig

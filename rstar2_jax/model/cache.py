@@ -18,11 +18,13 @@ a pool is ever copied (a caller that donates the pools, as the sampler's decode 
 updates them in place).
 
 A decode step (one token per row) attends in `attend_pages` on CPU: page by page up to the
-longest row, each page of every row gathered into a cache-sized temporary. On an NVIDIA GPU
-with a 16-bit cache it attends by cuDNN's paged attention (`cudnn_attend_pages`), which reads
-each row's pages where they lie. Elsewhere, and for prefill, each row's whole block table is
-gathered into [B, kv_heads, slots, head_dim] and `attention` runs over it (on a GPU a loop of
-small kernels per page would cost more than the copy).
+longest row, each page of every row gathered into a cache-sized temporary. On a GPU with a
+16-bit cache it attends by a kernel that reads each row's pages where they lie, up to its
+length: cuDNN's paged attention on NVIDIA (`cudnn_attend_pages`), a Pallas Triton kernel on AMD
+(`pallas_pages.pallas_attend_pages`). Elsewhere, and for prefill, each row's whole block table
+is gathered into [B, kv_heads, slots, head_dim] and `attention` runs over it (on a GPU a loop
+of small kernels per page would cost more than the copy). The target device, not the process,
+decides (`target`).
 """
 from __future__ import annotations
 
@@ -36,7 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
+from rstar2_jax.model import target
 from rstar2_jax.model.config import ModelConfig
+from rstar2_jax.model.pallas_pages import pallas_attend_pages
 from rstar2_jax.model.transformer import (
     _cudnn_supports,
     attention,
@@ -125,8 +129,8 @@ def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
 
 
 def as_bits(pool: jax.Array) -> jax.Array:
-    """On CPU, a pool of 16-bit floats as its uint16 bits (a `KVCache` with `dtype` set); other
-    pools, and every pool on other backends, as they are.
+    """For a CPU target (`target.current`), a pool of 16-bit floats as its uint16 bits (a
+    `KVCache` with `dtype` set); other pools, and every pool for other targets, as they are.
 
     XLA:CPU scatters 16-bit floats by converting the whole operand to float32 and back: the
     pools of every layer, at every layer of every decode step (bfloat16 decode 5-8x slower than
@@ -134,7 +138,7 @@ def as_bits(pool: jax.Array) -> jax.Array:
     as floats (`read_pages`). Other backends scatter 16-bit floats in place, and a kernel that
     reads the pools where they lie (`cudnn_attend_pages`) takes them only as floats.
     """
-    if (jax.default_backend() == "cpu" and pool.dtype.itemsize == 2
+    if (target.current().platform == "cpu" and pool.dtype.itemsize == 2
             and jnp.issubdtype(pool.dtype, jnp.floating)):
         return jax.lax.bitcast_convert_type(pool, jnp.uint16)
     return pool
@@ -198,8 +202,9 @@ def attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
 
 
 def decode_in_pages() -> bool:
-    """Whether a decode step attends page by page (`attend_pages`): on CPU (module docstring)."""
-    return jax.default_backend() == "cpu"
+    """Whether a decode step attends page by page (`attend_pages`): for a CPU target (module
+    docstring)."""
+    return target.current().platform == "cpu"
 
 
 def cudnn_attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer,
@@ -229,21 +234,40 @@ def cudnn_attend_pages(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer
     return jnp.swapaxes(out, 1, 2)
 
 
-def decode_by_cudnn(q: jax.Array, pool: jax.Array) -> bool:
-    """Whether a decode step of q [B, 1, H, D] over `pool` attends by `cudnn_attend_pages`: on
-    an NVIDIA GPU (not ROCm), the pool in q's 16-bit dtype, and the kernel checked on this
-    device for this layout (`_cudnn_pages_agree`)."""
-    return (_cudnn_supports(q) and pool.dtype == q.dtype
-            and _cudnn_pages_agree(q.dtype, q.shape[2], pool.shape[2], pool.shape[3], q.shape[3]))
+def paged_decode_kernel(q: jax.Array, pool: jax.Array):
+    """The kernel a decode step of q [B, 1, H, D] over `pool` attends by, reading each row's
+    pages where they lie: cuDNN's paged attention for an NVIDIA GPU target
+    (`cudnn_attend_pages`), a Pallas Triton kernel for an AMD one (`pallas_attend_pages`); the
+    pool in q's 16-bit dtype, and the kernel checked on that device for this layout
+    (`_pages_agree`; not for a compile-only target). None: gather each row's pages."""
+    where = target.current()
+    if pool.dtype != q.dtype or q.dtype not in (jnp.bfloat16, jnp.float16):
+        return None
+    if _cudnn_supports(q):
+        name = "cudnn"
+    elif where.platform == "rocm":
+        name = "pallas"
+    else:
+        return None
+    if where.compile_only or _pages_agree(name, q.dtype, q.shape[2], pool.shape[2],
+                                          pool.shape[3], q.shape[3]):
+        return _paged_kernel(name)
+    return None
+
+
+def _paged_kernel(name: str):
+    return {"cudnn": cudnn_attend_pages, "pallas": pallas_attend_pages}[name]
 
 
 @functools.cache
-def _cudnn_pages_agree(dtype, heads: int, kv_heads: int, page_size: int, head_dim: int) -> bool:
-    """Whether `cudnn_attend_pages` gives the gathered rows' attention on this device, for a
-    small pool of this layout: rows of different lengths in scattered pages of a layer past the
-    first, a partly visible last page. Checked once per layout at the first trace that would
-    use it, because it reaches cuDNN through a private JAX function: if it fails or disagrees, a
-    warning says so and decode steps gather the rows instead, never a wrong result."""
+def _pages_agree(name: str, dtype, heads: int, kv_heads: int, page_size: int,
+                 head_dim: int) -> bool:
+    """Whether the paged decode kernel `name` gives the gathered rows' attention on this
+    device, for a small pool of this layout: rows of different lengths in scattered pages of a
+    layer past the first, a partly visible last page. Checked once per layout at the first
+    trace that would use it, because it reaches cuDNN through a private JAX function and the
+    Pallas kernel has not run on a device here: if it fails or disagrees, a warning says so
+    and decode steps gather the rows instead, never a wrong result."""
     rng = np.random.default_rng(0)
     layers, num_pages, width = 2, 13, 3
     pool_shape = (layers, num_pages, kv_heads, page_size, head_dim)
@@ -258,17 +282,17 @@ def _cudnn_pages_agree(dtype, heads: int, kv_heads: int, page_size: int, head_di
         want = np.asarray(attention(q, read_rows(cache, k, 1), read_rows(cache, v, 1), mask),
                           np.float32)
         try:
-            got = np.asarray(cudnn_attend_pages(q, k, v, 1, table, lengths), np.float32)
+            got = np.asarray(_paged_kernel(name)(q, k, v, 1, table, lengths), np.float32)
         except Exception as e:  # noqa: BLE001 -- any failure means: do not use it
-            log.warning("cuDNN paged attention failed (%s: %s); decode steps gather each row's "
-                        "pages instead", type(e).__name__, e)
+            log.warning("%s paged attention failed (%s: %s); decode steps gather each row's "
+                        "pages instead", name, type(e).__name__, e)
             return False
     worst = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-6))
     # A 16-bit dtype's rounding is ~1e-2 of unit-sized values; a wrong page or length is off by
     # the size of the values themselves.
     if worst > 0.05:
-        log.warning("cuDNN paged attention disagrees with the gathered rows (%.3g of the largest "
-                    "value); decode steps gather each row's pages instead", worst)
+        log.warning("%s paged attention disagrees with the gathered rows (%.3g of the largest "
+                    "value); decode steps gather each row's pages instead", name, worst)
         return False
     return True
 
@@ -307,9 +331,10 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
             if t == 1 and decode_in_pages():
                 return attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
                                     cache.lengths + 1, config.precision, cache.kv_dtype)
-            if t == 1 and decode_by_cudnn(q, pools["k"]):
-                return cudnn_attend_pages(q, pools["k"], pools["v"], layer, cache.block_table,
-                                          cache.lengths + 1)
+            kernel = paged_decode_kernel(q, pools["k"]) if t == 1 else None
+            if kernel is not None:
+                return kernel(q, pools["k"], pools["v"], layer, cache.block_table,
+                              cache.lengths + 1)
             # The cache may be stored in another dtype than the model computes in.
             k, v = (read_rows(cache, pools[n], layer).astype(q.dtype) for n in ("k", "v"))
             return attention(q, k, v, mask, precision=config.precision)

@@ -21,11 +21,11 @@ import math
 from typing import Callable
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 
+from rstar2_jax.model import target
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.packed_attention import (
     _BLOCK,
@@ -75,7 +75,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
     whose first `lengths[b]` tokens are real (default all T); a pad query's output is garbage.
     `precision` is that of the matmuls (see `ModelConfig.precision`).
 
-    Which kernel runs (the same result up to rounding; docs/accelerators.md):
+    Which kernel runs (the same result up to rounding; docs/accelerators.md), for the device
+    the program is compiled for (`target.current`), not the process's default backend:
       - causal, bfloat16 or float16, on an NVIDIA GPU: cuDNN's fused flash attention, masking
         by its causal mask and the sequence lengths, or, for packed rows on Hopper or later,
         the segments' offsets and lengths (scoring each segment only against itself); no
@@ -96,10 +97,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
         round as right-padded rows do, which packed batches are pinned to (an update's
         parameters within 1e-6 of the padded batch's).
     """
-    cpu = jax.default_backend() == "cpu"
+    where = target.current()
+    cpu = where.platform == "cpu"
     if mask is None:
         if _cudnn_supports(q, packed=segments is not None) and (
-                segments is None or _cudnn_packed_agrees(q.dtype, q.shape[2], k.shape[1], q.shape[3])):
+                segments is None or where.compile_only
+                or _cudnn_packed_agrees(q.dtype, q.shape[2], k.shape[1], q.shape[3])):
             return _cudnn_causal(q, k, v, lengths, segments)
         if segments is not None and not (cpu and q.shape[1] <= _WHOLE_ROW):
             return _packed_attention(q, k, v, segments.ids, segments.bounds, _BLOCK,
@@ -136,17 +139,16 @@ def _causal_mask(batch: int, t: int, lengths: jax.Array | None) -> jax.Array:
 
 
 def _cudnn_supports(q: jax.Array, packed: bool = False) -> bool:
-    """Whether cuDNN's flash attention runs here: an NVIDIA GPU (not ROCm), a 16-bit dtype and
-    a head dim it takes (a multiple of 8, at most 128 on every GPU generation); packed rows
-    (segment offsets) need compute capability 9.0 (Hopper) or later."""
+    """Whether cuDNN's flash attention runs on the target (`target.current`): an NVIDIA GPU (not
+    ROCm), a 16-bit dtype and a head dim it takes (a multiple of 8, at most 128 on every GPU
+    generation); packed rows (segment offsets) need compute capability 9.0 (Hopper) or later."""
     d = q.shape[-1]
     if q.dtype not in (jnp.bfloat16, jnp.float16) or d % 8 or d > 128:
         return False
-    if jax.default_backend() != "gpu":
+    where = target.current()
+    if where.platform != "cuda":
         return False
-    if "cuda" not in jax.extend.backend.get_backend().platform_version.lower():
-        return False
-    return not packed or float(jax.devices()[0].compute_capability) >= 9.0
+    return not packed or (where.compute_capability or 0.0) >= 9.0
 
 
 @functools.cache

@@ -75,6 +75,27 @@ _WRAPPED_UNIT = re.compile(
     rf"(?<=[\d}}])\s*\\(?:text|textrm|mathrm|mbox)\s*\{{\s*(?:{_UNIT_WORDS}|{_LETTER_UNITS})\s*\}}"
     rf"{_POWER}\.?$"
 )
+# A number and the noun it counts, written as text: `3 \\text{ apples}`, `7\\mbox{ days}`,
+# `\\text{3 apples}`; the noun does not change the value (MATH writes `3 \\text{ marbles}`). A
+# noun is words of two or more letters (a single letter is a variable or one of the units
+# above). Words that hedge or qualify the number (`3 \\text{ or more}`, `5 \\text{ (or 6)}` has
+# no noun at all), change its value (`2 \\text{ dozen}`, `3 \\text{ million}`, `2 \\text{ thirds}`,
+# `3 \\text{ squared}`) or name a constant or operation (`3 \\text{ pi}`) make it no noun.
+_NOT_NOUNS = (
+    "or|and|nor|not|no|non|more|less|fewer|least|most|than|at|about|approximately|approx|around"
+    "|roughly|nearly|almost|over|under|above|below|up|to|plus|minus|between|either|maybe|perhaps"
+    "|possibly|probably|except|but|else|other|minimum|maximum|max"
+    "|dozens?|scores?|gross|hundreds?|thousands?|millions?|billions?|trillions?|halves|halfs?"
+    "|thirds?|quarters?|fourths?|fifths?|sixths?|sevenths?|eighths?|ninths?|tenths?|hundredths?"
+    "|thousandths?|millionths?|squared|cubed|powers?|factorial|roots?|sqrt|pi|tau|phi|log|ln|exp"
+    "|mod|divided|negative|inverse|reciprocal|infinity|infinite"
+)
+# One parse per word (a letter, then optional hyphen and letter pairs): linear in its length.
+_NOUN_WORD = rf"(?!(?i:{_NOT_NOUNS})(?![A-Za-z-]))[A-Za-z](?:-?[A-Za-z])+"
+_NOUN = rf"{_NOUN_WORD}(?: {_NOUN_WORD})*"
+_TEXT_WRAPPER = r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mbox)\s*\{"
+_WRAPPED_NOUN = re.compile(rf"(?<=[\d}}])\s*{_TEXT_WRAPPER}\s*{_NOUN}\s*\}}\.?$")
+_NUMBER_AND_NOUN = re.compile(rf"^{_TEXT_WRAPPER}\s*([+-]?\d+(?:\.\d+)?) {_NOUN}\s*\}}\.?$")
 # `\frac12` and `\sqrt2`: TeX takes single-character arguments.
 _BARE_FRAC = re.compile(r"\\frac(\d)(\d)")
 _BARE_SQRT = re.compile(r"\\sqrt(\d)")
@@ -204,6 +225,8 @@ def _spaced_normal_form(answer: str) -> str:
     """The normal form before spaces are dropped (which glues `\\sim b` into `\\simb`)."""
     text = tidy(_TEX_THOUSANDS.sub("{,}", answer))
     text = _WRAPPED_UNIT.sub("", text)
+    if "\\text" in text or "\\m" in text:  # most answers hold no text wrapper: skip the scans
+        text = _NUMBER_AND_NOUN.sub(r"\1", _WRAPPED_NOUN.sub("", text))
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = text.replace("{,}", "")  # `1{,}000`: a thousands separator in TeX
     text = _unwrap(text)

@@ -56,7 +56,7 @@ from rstar2_jax.algorithms import (
 )
 from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.errors import ConfigError, MismatchError
-from rstar2_jax.model import ModelConfig, token_logprobs
+from rstar2_jax.model import ModelConfig, target, token_logprobs
 from rstar2_jax.parallel import hosts
 from rstar2_jax.parallel.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig, RLJobConfig
@@ -187,7 +187,8 @@ class RLUpdate:
     ``config.reference``.
 
     Metrics: ``loss``, ``tokens`` (loss tokens of the step), ``grad_norm`` (mean over
-    mini-batches), ``lr`` (last update), ``entropy`` (of the policy before the update,
+    mini-batches), ``lr`` (last update), ``update/skipped_nonfinite`` (the step's updates
+    skipped for a non-finite loss or gradient), ``entropy`` (of the policy before the update,
     nats/token), the sampler/trainer gap ``logprob_mismatch/*`` (``abs``, ``kl``,
     ``log_ppl_diff``, ``log_ppl_abs_diff``, ``ratio_max``, ``ratio_min``:
     `rstar2_jax.algorithms.mismatch_metrics`), what ``rl.rollout_correction`` did
@@ -263,7 +264,12 @@ class RLUpdate:
         """``batch``: this process's rows (all of them on one process), the same row count on
         every process; the update trains on all processes' rows. ``check``, if given, is called
         with the mismatch and correction metrics of the step (all processes' rows) before any
-        optimizer step: it may raise to stop the run with the params untouched."""
+        optimizer step: it may raise to stop the run with the params untouched. The update's
+        programs compile for the mesh's devices (their kernels: `rstar2_jax.model.target`)."""
+        with target.compiling_for_mesh(self.mesh):
+            return self._update(state, batch, check)
+
+    def _update(self, state: TrainState, batch: dict, check) -> tuple[TrainState, dict[str, float]]:
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
         layout_rows, seq = batch["tokens"].shape
         if not self._described:
@@ -357,12 +363,13 @@ class RLUpdate:
 def _combine(per_update: list[dict]) -> dict[str, float]:
     """The mini-batch updates' metrics as one: each weighted by its loss count (``tokens`` of
     the train step: loss tokens, or sequences, as the loss averages), maxima and minima of the
-    names `metric_reduction` says, grad norm averaged, lr of the last."""
+    names `metric_reduction` says, grad norm averaged, lr of the last, skipped updates counted."""
     counts = np.array([m["tokens"] for m in per_update], np.float64)
     total = max(counts.sum(), 1.0)
     out = {"lr": float(per_update[-1]["lr"]),
-           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update]))}
-    for k in per_update[0].keys() - {"lr", "grad_norm", "tokens"}:
+           "grad_norm": float(np.mean([m["grad_norm"] for m in per_update])),
+           "update/skipped_nonfinite": float(sum(m["update/skipped_nonfinite"] for m in per_update))}
+    for k in per_update[0].keys() - out.keys() - {"tokens"}:
         values = [float(m[k]) for m in per_update]
         how = metric_reduction(k)
         out[k] = {"max": max, "min": min}[how](values) if how != "mean" else float(np.dot(values, counts) / total)

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar2_jax.model import KVCache, ModelConfig, forward_cached
+from rstar2_jax.model import KVCache, ModelConfig, forward_cached, target
 from rstar2_jax.model.cache import as_bits, copy_pages, empty_pages
 from rstar2_jax.sampler.sampling import SamplingParams, sample_tokens
 
@@ -253,8 +253,9 @@ class Engine:
         self.num_pages = num_pages
         self.sampling = sampling
         self.forward_fn = forward_fn
-        self.stop_ids = np.asarray(sorted(set(stop_tokens)), np.int32)
-        self.pages = _empty_pool(config, num_pages, page_size)
+        with self._on_params_devices():
+            self.stop_ids = np.asarray(sorted(set(stop_tokens)), np.int32)
+            self.pages = _empty_pool(config, num_pages, page_size)
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
         self.decode_calls = 0
         self.decode_steps = 0  # model steps run by decode calls (each for all running rows)
@@ -274,6 +275,10 @@ class Engine:
         self.active = np.zeros((num_rows,), bool)  # the row wants to generate
         self.order = np.zeros((num_rows,), np.int64)  # admission order: the newest yields first
         self._admitted = 0
+
+    def _on_params_devices(self):
+        """The device calls compile for the params' devices (and their kernels: `target`)."""
+        return target.compiling_for_arrays(self.params)
 
     def close(self) -> None:
         """Drops the page pool (device memory); the engine cannot be used afterwards."""
@@ -367,8 +372,9 @@ class Engine:
                 tokens[i, :n], lengths[i], num_new[i] = toks[:n], start, n
             table = self._table([table for table, _, _ in group], PREFILL_ROWS,
                                 self.pages_per_row)
-            self.pages = prefill(self.params, self.pages, table, lengths, tokens, num_new,
-                                 config=self.config, forward_fn=self.forward_fn)
+            with self._on_params_devices():
+                self.pages = prefill(self.params, self.pages, table, lengths, tokens, num_new,
+                                     config=self.config, forward_fn=self.forward_fn)
             todo = [(table, start + width, toks[width:])
                     for table, start, toks in group if len(toks) > width] + todo
 
@@ -493,13 +499,9 @@ class Engine:
             return out
 
         live = np.arange(self.num_slots) < n
-        self.pages, out = decode_chunk(
-            self.params, self.pages, self._table([self.tables[r] for r in runs], self.num_slots),
-            slots(self.written.astype(np.int32)), slots(self.pending), live,
-            slots(self.budget), slots(self.keys), self.stop_ids, np.int32(min_stops),
-            config=self.config, sampling=self.sampling, chunk=self.chunk,
-            forward_fn=self.forward_fn,
-        )
+        with self._on_params_devices():
+            self.stop_ids = np.asarray(sorted(set(stop_tokens)), np.int32)
+            self.pages = _empty_pool(config, num_pages, page_size)
         out = jax.device_get(out)
         self.decode_steps += int(out.count.max())
         per_row = ChunkOutput(

@@ -10,7 +10,10 @@ budget (the device's free memory times ``rollout.memory_fraction`` on an acceler
 must hold at least one row at full length and the staged prompts, so that the oldest row can
 always finish; rows beyond what it holds are preempted and resumed. A budget too small for that
 stops before the first rollout with the numbers and the settings to change, instead of running
-out of memory inside a jitted decode step minutes later.
+out of memory inside a jitted decode step minutes later. On CPU the device's memory is the
+host's: its available memory is the budget. `preflight` makes the same check before a job
+starts anything, against a whole device (``rollout.num_slots=10**9``, a response budget of
+10**12 tokens: settings no device can run).
 
 The estimate is an upper bound by construction: it counts the params plus one layer's weights
 (the decode step's loop over the stacked layers may copy the layer it runs, as XLA:CPU does),
@@ -25,10 +28,11 @@ import math
 import jax
 
 from rstar2_jax.errors import ConfigError
-from rstar2_jax.model import ModelConfig
+from rstar2_jax.model import ModelConfig, param_shapes
 from rstar2_jax.sampler.engine import (
     PREFILL_ROWS,
     PREFILL_WIDTH,
+    STAGE_ROWS,
     bucket,
     least_pages,
     table_width,
@@ -171,15 +175,46 @@ def plan_memory(config: ModelConfig, params, *, num_slots: int, num_rows: int, m
 def device_budget(budget_gib: float | None, fraction: float, params) -> int | None:
     """Bytes the rollout engine may use: ``budget_gib`` when set; else ``fraction`` of the free
     memory of the device that holds the first of the served ``params`` (a rollout device, when
-    the run keeps some) on a backend that reports it (GPU, TPU); else None."""
+    the run keeps some) on a backend that reports it (GPU, TPU), of the host's available memory
+    on CPU; else None."""
     if budget_gib is not None:
         return int(budget_gib * GIB)
     placed = [x for x in jax.tree.leaves(params) if isinstance(x, jax.Array)]
     device = min(placed[0].devices(), key=lambda d: d.id) if placed else jax.local_devices()[0]
     stats = device.memory_stats()
-    if not stats or "bytes_limit" not in stats:
-        return None
-    return int(fraction * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)))
+    if stats and "bytes_limit" in stats:
+        return int(fraction * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)))
+    if device.platform == "cpu":
+        return int(fraction * _host_memory("MemAvailable"))
+    return None
+
+
+def _host_memory(field: str) -> int:
+    """Bytes of ``field`` ("MemTotal", "MemAvailable") of /proc/meminfo."""
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(f"{field}:"))
+
+
+def preflight(config: ModelConfig, settings, limits) -> MemoryPlan:
+    """The plan of the engine a job will open (``settings``: its `RolloutSettings`, ``limits``:
+    its `RolloutLimits`, ``config``: the model as the job computes in it), checked before the
+    job starts anything against ``rollout.memory_budget_gib``, else the whole memory of a device
+    (of the host on CPU): ConfigError (`check_plan`) when not even that can hold it. The check
+    before the first rollout, against the memory then free, still follows."""
+    serving = settings.serving_config(config)
+    params = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, serving.jnp_dtype),
+                          param_shapes(serving), is_leaf=lambda x: isinstance(x, tuple))
+    if settings.memory_budget_gib is not None:
+        budget = int(settings.memory_budget_gib * GIB)
+    else:
+        stats = jax.local_devices()[0].memory_stats()
+        budget = stats["bytes_limit"] if stats and "bytes_limit" in stats else _host_memory("MemTotal")
+    plan = plan_memory(serving, params, num_slots=settings.num_slots, num_rows=settings.rows,
+                       max_len=limits.max_prompt_tokens + limits.max_response_tokens,
+                       max_prompt_len=limits.max_prompt_tokens, stage_rows=STAGE_ROWS,
+                       page_size=settings.page_size, budget=budget)
+    check_plan(plan)
+    return plan
 
 
 def check_plan(plan: MemoryPlan) -> None:

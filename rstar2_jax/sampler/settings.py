@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 
-from rstar2_jax.model import ModelConfig
+from rstar2_jax.model import ModelConfig, target
 from rstar2_jax.sandbox import SandboxConfig
-from rstar2_jax.sandbox.config import default_num_workers, pool_memory_bytes
+from rstar2_jax.sandbox.config import check_num_workers, default_num_workers, pool_memory_bytes
 
 
 def _check(condition: bool, message: str) -> None:
@@ -90,6 +89,10 @@ class RolloutSettings:
         _check(self.sandbox_workers is None or self.sandbox_workers >= 1,
                f"rollout.sandbox_workers must be >= 1, got {self.sandbox_workers}")
         try:
+            check_num_workers(self.sandbox_workers or default_num_workers())
+        except ValueError as e:
+            raise ValueError(f"rollout.sandbox_workers={self.sandbox_workers}: {e}") from None
+        try:
             pool_memory_bytes(self.sandbox, self.sandbox_workers or default_num_workers())
         except ValueError as e:
             raise ValueError(f"rollout.sandbox: {e}") from None
@@ -117,7 +120,7 @@ class RolloutSettings:
         """``config`` in the dtype the sampler serves (see ``serving_dtype``)."""
         dtype = self.serving_dtype
         if dtype == "auto":
-            dtype = "bfloat16" if jax.default_backend() in ("gpu", "tpu") else config.dtype
+            dtype = "bfloat16" if target.current().accelerator else config.dtype
         return dataclasses.replace(config, dtype=dtype)
 
 

@@ -4,18 +4,25 @@ A checkpoint at step s is a directory ``<run>/checkpoints/<s>/`` with three item
 
     params     the params pytree (sharded arrays, written in parallel by every host)
     opt_state  the optimizer state
-    meta       JSON: step, RNG key data, data position, the job config, the model config and a
-               fingerprint of every array
+    meta       JSON: step, RNG key data, data position, the job (its config's class), the job
+               config, the model config and a fingerprint of every array
 
 Orbax writes each step to a temporary directory and renames it when complete, so a process
 killed mid-save leaves no half-written step behind. That does not catch a finished checkpoint
 whose files were later damaged: orbax happily reads a flipped bit back as a wrong weight. The
-fingerprints do: restore recomputes them and, on any mismatch or read error, says so and falls
-back to the previous step, moving the bad one aside.
+fingerprints do: restore recomputes them.
+
+Before restoring, `Checkpointer.restore_latest` compares the checkpoint's job and model with the
+resuming job's (`RunFingerprint`): another model or another kind of job stops with
+`RunMismatchError`, nothing touched. A checkpoint proven damaged (a file missing, truncated or
+undecodable, arrays that fail their fingerprints) is reported, moved aside to ``corrupt-<s>`` and
+the previous step tried; any other failure to read (a filesystem or memory error) stops with
+`CheckpointReadError`, nothing moved, since the checkpoint may well be sound.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -54,6 +61,68 @@ class CorruptCheckpointError(ModelError):
 
 class CheckpointDtypeError(ConfigError):
     """A sound checkpoint whose params are stored in another dtype than the run asks for."""
+
+
+class RunMismatchError(ModelError):
+    """Checkpoints written by another kind of job or for another model than the resuming job's."""
+
+
+class CheckpointReadError(ModelError):
+    """A checkpoint that could not be read for a reason that does not show it is damaged."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFingerprint:
+    """What a run's checkpoints must share with the job that continues from them: the job (its
+    config's class, e.g. "RLJobConfig"; None: any) and the model's architecture (every field of
+    its ModelConfig but the dtype, which `CheckpointDtypeError` reports). ``model_path`` only
+    names the model in messages."""
+
+    job: str | None
+    model_config: ModelConfig
+    model_path: str | None = None
+
+    @classmethod
+    def of(cls, meta: dict) -> "RunFingerprint":
+        """The fingerprint a checkpoint's metadata records."""
+        return cls(meta.get("job"), ModelConfig(**meta["model_config"]),
+                   meta.get("job_config", {}).get("model", {}).get("path"))
+
+    def check(self, saved: "RunFingerprint", where: str) -> None:
+        """Raises RunMismatchError, naming both, unless checkpoints ``saved`` (those of ``where``)
+        may be continued by the job this fingerprint describes."""
+        if None not in (self.job, saved.job) and self.job != saved.job:
+            raise RunMismatchError(f"{where} holds a run of another kind of job ({saved.job}, "
+                                   f"this job is {self.job}): give this job a new run_dir")
+        ours, theirs = (dataclasses.replace(c.model_config, dtype="float32") for c in (self, saved))
+        if ours != theirs:
+            differ = [f.name for f in dataclasses.fields(ModelConfig)
+                      if getattr(ours, f.name) != getattr(theirs, f.name)]
+            raise RunMismatchError(
+                f"{where} holds a run of another model: "
+                f"{', '.join(f'{k}={getattr(theirs, k)}' for k in differ)} "
+                f"(model.path={saved.model_path}), and this job's model.path={self.model_path} has "
+                f"{', '.join(f'{k}={getattr(ours, k)}' for k in differ)}: point model.path at the "
+                f"model the run was trained from, or give this job a new run_dir")
+
+
+# The TensorStore status codes (the start of its errors' messages) of a file that is missing,
+# shorter than its index says or undecodable: the checkpoint's own damage. Other codes
+# (UNAVAILABLE, RESOURCE_EXHAUSTED, UNKNOWN, ...) may be the filesystem's or the host's passing
+# trouble.
+_DAMAGE_CODES = ("NOT_FOUND:", "OUT_OF_RANGE:", "DATA_LOSS:", "FAILED_PRECONDITION:")
+
+
+def _proven_damage(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception it was raised from) shows the checkpoint's files are
+    damaged, rather than that reading them failed."""
+    while error is not None:
+        if isinstance(error, (CorruptCheckpointError, FileNotFoundError, json.JSONDecodeError)):
+            return True
+        if isinstance(error, ValueError) and str(error).startswith(_DAMAGE_CODES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 @jax.jit
@@ -104,11 +173,13 @@ class Checkpointer:
         return step % self.config.every == 0
 
     def save(self, state: TrainState, *, rng: jax.Array, data_position: Any, job_config: dict,
-             model_config: ModelConfig) -> None:
-        """Writes a checkpoint for ``state.step`` (asynchronously; see :meth:`wait`)."""
+             model_config: ModelConfig, job: str | None = None) -> None:
+        """Writes a checkpoint for ``state.step`` (asynchronously; see :meth:`wait`). ``job``:
+        the job config's class, which a resume must match (`RunFingerprint`)."""
         step = int(state.step)
         meta = {
             "step": step,
+            "job": job,
             "rng": np.asarray(jax.random.key_data(rng)).tolist(),
             "rng_impl": str(jax.random.key_impl(rng)),
             "data_position": data_position,
@@ -122,27 +193,46 @@ class Checkpointer:
             opt_state=ocp.args.StandardSave(state.opt_state),
             meta=ocp.args.JsonSave(meta)))
 
-    def restore_latest(self, like: TrainState, *, params_only: bool = False) -> Restored | None:
+    def restore_latest(self, like: TrainState, *, params_only: bool = False,
+                       expect: RunFingerprint | None = None) -> Restored | None:
         """The newest readable checkpoint, restored with the shapes and shardings of ``like``.
 
         ``like`` may hold arrays or ``jax.ShapeDtypeStruct``s with shardings. With
         ``params_only`` the optimizer state of ``like`` is kept (an optimizer reset).
-        Unreadable or damaged checkpoints are reported, moved to ``corrupt-<step>`` and skipped.
-        Returns None if there is no checkpoint at all.
+        ``expect``: the resuming job's fingerprint; checkpoints of another job or model raise
+        RunMismatchError before anything is read or moved. Checkpoints proven damaged are
+        reported, moved to ``corrupt-<step>`` and skipped; CorruptCheckpointError when none is
+        left. Any other failure to read one raises CheckpointReadError, nothing moved. Returns
+        None if there is no checkpoint at all.
         """
         self.wait()
-        for step in reversed(self.steps()):
+        steps = self.steps()
+        for step in reversed(steps):
             try:
+                if expect is not None:
+                    expect.check(RunFingerprint.of(self.read_meta(step)),
+                                 f"checkpoint step {step} in {self.directory}")
                 return self.restore(step, like, params_only=params_only)
-            except CheckpointDtypeError:
+            except (RunMismatchError, CheckpointDtypeError):
                 raise
-            except Exception as e:  # noqa: BLE001 - any failure to read means "unusable"
+            except Exception as e:  # noqa: BLE001 - sorted into damage and anything else
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                if not _proven_damage(e):
+                    raise CheckpointReadError(
+                        f"cannot read checkpoint step {step} in {self.directory} ({reason}); nothing "
+                        f"was moved or changed: once the cause is fixed, run the same command again"
+                    ) from e
                 older = [s for s in self.steps() if s < step]
                 fallback = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
-                log.warning("checkpoint step %d in %s is truncated or corrupt (%s: %s); %s",
-                            step, self.directory, type(e).__name__, str(e).splitlines()[0][:200],
-                            fallback)
+                log.warning("checkpoint step %d in %s is truncated or corrupt (%s); moved to "
+                            "corrupt-%d, %s", step, self.directory, reason, step, fallback)
                 self._quarantine(step)
+        if steps:
+            # Starting over would drop the run's metrics: leave that decision to the user.
+            raise CorruptCheckpointError(
+                f"every checkpoint in {self.directory} is damaged (steps {steps}, moved to "
+                f"corrupt-<step>): to start the run over, remove {self.directory} (or give a new "
+                f"run_dir)")
         return None
 
     def read_meta(self, step: int) -> dict:
@@ -232,10 +322,7 @@ def restore_params(checkpoint_dir: str | Path, step: int | None = None) -> Resto
         like = TrainState(params, None, jax.ShapeDtypeStruct((), jnp.int32, sharding=device))
         if step is not None:
             return checkpointer.restore(step, like, params_only=True)
-        restored = checkpointer.restore_latest(like, params_only=True)
-        if restored is None:
-            raise CorruptCheckpointError(f"no readable checkpoint in {checkpoint_dir}")
-        return restored
+        return checkpointer.restore_latest(like, params_only=True)
     finally:
         checkpointer.close()
 

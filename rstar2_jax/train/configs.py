@@ -13,13 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-import jax
 from omegaconf import MISSING
 
 from rstar2_jax import chat
 from rstar2_jax.algorithms import KL_PENALTIES, RolloutCorrection, resolve_algorithm
 from rstar2_jax.algorithms.regularizers import KLPenalty
-from rstar2_jax.model import ModelConfig
+from rstar2_jax.model import ModelConfig, target
 from rstar2_jax.sampler import RolloutLimits, RolloutSettings
 
 
@@ -80,7 +79,8 @@ class PrecisionConfig:
     ``compute`` is the dtype the forward and backward passes run in: the activations and every
     matmul. Weights are cast to it where they are used, inside the differentiated function, so
     gradients, their accumulation over micro-batches and AdamW stay in ``params``' dtype. "auto"
-    is bfloat16 on GPU and TPU, float32 on CPU (where XLA emulates bfloat16 matmuls). Logits,
+    is bfloat16 on GPU and TPU, float32 on CPU (where XLA emulates bfloat16 matmuls): the
+    device programs are compiled for (`rstar2_jax.model.target.current`). Logits,
     log-softmax, log-probs and the loss are float32 under any policy.
     ``matmul`` is the precision of float32 matmuls: "highest" is a true float32 product on
     every backend (parity tests, and the sampler/trainer log-prob gap, mean the same
@@ -97,7 +97,7 @@ class PrecisionConfig:
     def compute_dtype(self) -> str:
         if self.compute != "auto":
             return self.compute
-        return "bfloat16" if jax.default_backend() in ("gpu", "tpu") else "float32"
+        return "bfloat16" if target.current().accelerator else "float32"
 
     def compute_config(self, config: ModelConfig) -> ModelConfig:
         """``config`` as the training forward runs it (compute dtype, matmul precision)."""
@@ -110,6 +110,8 @@ class OptimizerConfig:
 
     ``decay_steps`` (cosine only) counts from the end of warmup; ``None`` means "until the end of
     the job". ``final_lr_ratio`` is the cosine floor as a fraction of ``lr``.
+    An update whose loss or gradient is NaN or infinite is skipped (`rstar2_jax.train.step`);
+    after ``max_nonfinite_steps`` steps in a row with a skipped update the run stops.
     """
 
     lr: float = 1e-6
@@ -121,7 +123,8 @@ class OptimizerConfig:
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    grad_clip: float = field(default=1.0, metadata={"infinity": "no clipping"})  # inf: no clipping
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self):
         _check(self.lr > 0, f"optimizer.lr must be > 0, got {self.lr}")
@@ -132,16 +135,26 @@ class OptimizerConfig:
                f"optimizer.final_lr_ratio must be in [0, 1], got {self.final_lr_ratio}")
         _check(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0,
                f"optimizer.b1 and optimizer.b2 must be in [0, 1), got {self.b1}, {self.b2}")
+        _check(self.eps > 0, f"optimizer.eps must be > 0 (AdamW divides by sqrt(v) + eps), got {self.eps}")
         _check(self.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
         _check(self.grad_clip > 0, f"optimizer.grad_clip must be > 0, got {self.grad_clip}")
+        _check(self.max_nonfinite_steps >= 1,
+               f"optimizer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Save every ``every`` steps and at the end of the job; keep the newest ``keep``."""
+    """Save every ``every`` steps and at the end of the job; keep the newest ``keep``.
+
+    ``save_signal``: on this signal the run finishes the step in flight, saves it at once
+    (whether or not a save is due) and stops, for a scheduler that warns ahead of the end of a
+    job (SLURM's ``--signal=USR1@300``: docs/checkpoints.md). Without it, SIGTERM and SIGHUP
+    stop a job as Ctrl-C does: the step in flight is dropped, the newest saved step stays.
+    """
 
     every: int = 10
     keep: int = 3
+    save_signal: Literal["USR1", "USR2", "TERM", "HUP"] | None = None
 
     def __post_init__(self):
         _check(self.every >= 1, f"checkpoint.every must be >= 1, got {self.every}")

@@ -23,12 +23,15 @@ PROGRESS_KEYS = {"loss": "loss", "reward/mean": "reward", "reward/question_accur
 
 
 def progress_fields(record: Mapping[str, float]) -> dict[str, str]:
-    """The progress bar's postfix for one step's record: the `PROGRESS_KEYS` it has, and a
-    ``warning`` when it holds a non-finite value or an RL step that kept no group (no update)."""
+    """The progress bar's postfix for one step's record: the `PROGRESS_KEYS` it has, the names
+    of its non-finite values, and a ``warning`` when its update was skipped (a non-finite loss
+    or gradient) or an RL step kept no group (no update)."""
     shown = {label: f"{record[k]:.4g}" for k, label in PROGRESS_KEYS.items() if k in record}
     bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         shown["non-finite"] = ",".join(bad)
+    if record.get("update/skipped_nonfinite"):
+        shown["warning"] = "non-finite update skipped"
     if record.get("groups/kept") == 0:
         shown["warning"] = "no group kept, no update"
     return shown
@@ -87,7 +90,11 @@ def _truncate_after(path: Path, step: int) -> None:
     lines = path.read_text().splitlines(keepends=True)
     # A killed writer can leave a partial last line; it belongs to a step being redone.
     kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
-    path.write_text("".join(kept))
+    if kept != lines:
+        # Whole or not at all, should the process be killed meanwhile.
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(kept))
+        partial.replace(path)
 
 
 class PhaseTimer:

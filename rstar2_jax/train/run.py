@@ -11,6 +11,9 @@ A run starts, in this order of preference, from (1) the newest readable checkpoi
 previous stage of a staged recipe: params, and the optimizer state unless
 ``reset_optimizer``; the step count continues), (3) the Hugging Face checkpoint
 ``model.path``, its weights loaded in the dtype of ``precision.params`` (the master weights).
+Checkpoints of (1) must be of the same kind of job and model, those of (2) of the same model
+(`rstar2_jax.train.checkpoint.RunFingerprint`); the metrics file is cut back to the resumed
+step only once the restore has succeeded.
 """
 from __future__ import annotations
 
@@ -23,10 +26,12 @@ import jax
 import optax
 
 from rstar2_jax.config import config_to_dict
+from rstar2_jax.errors import NonFiniteError
 from rstar2_jax.model import ModelConfig, load_hf
 from rstar2_jax.parallel.roles import split_devices
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
-from rstar2_jax.train.checkpoint import Checkpointer
+from rstar2_jax.signals import SaveSignal, Stopped
+from rstar2_jax.train.checkpoint import Checkpointer, RunFingerprint
 from rstar2_jax.train.configs import (
     CheckpointConfig,
     MeshConfig,
@@ -63,6 +68,11 @@ class Run:
     checkpointer: Checkpointer
     logger: MetricsLogger | None  # process 0's; the others write nothing
     job_config: dict
+    job: str  # the job config's class, recorded in each checkpoint
+    save_signal: SaveSignal | None  # checkpoint.save_signal's
+    max_nonfinite_steps: int
+    nonfinite_steps: int = 0  # steps in a row, up to the last, with an update skipped
+    nonfinite_since: int = 0  # the first of them
 
     @property
     def step(self) -> int:
@@ -71,21 +81,49 @@ class Run:
     def finish_step(self, state: TrainState, metrics: dict[str, float], *, rng: jax.Array,
                     data_position: Any) -> None:
         """Records the step just done: metrics (process 0 writes them), then a checkpoint (every
-        process writes its shards) if due or at the last step."""
+        process writes its shards) if due, at the last step, or when ``checkpoint.save_signal``
+        came; after the last, raises `Stopped`. Counts the steps in a row whose update was
+        skipped for a non-finite loss or gradient (``update/skipped_nonfinite``) and raises
+        NonFiniteError at ``optimizer.max_nonfinite_steps``."""
         self.state, self.rng, self.data_position = state, rng, data_position
         step = int(state.step)
         if self.logger is not None:
             self.logger.log(step, metrics)
-        if self.checkpointer.due(step) or step == self.end_step:
+        if "update/skipped_nonfinite" in metrics:  # an RL step that kept nothing has no update
+            skipped = metrics["update/skipped_nonfinite"] > 0
+            if skipped and not self.nonfinite_steps:
+                self.nonfinite_since = step
+            self.nonfinite_steps = self.nonfinite_steps + 1 if skipped else 0
+            if skipped:
+                log.warning("step %d: the loss or gradient is not finite (loss %s, grad_norm %s); "
+                            "its update was skipped (%d step(s) in a row; the run stops at %d)",
+                            step, metrics.get("loss"), metrics.get("grad_norm"),
+                            self.nonfinite_steps, self.max_nonfinite_steps)
+        stop = self.save_signal is not None and step < self.end_step and self.save_signal.received()
+        if self.checkpointer.due(step) or step == self.end_step or stop:
             self.checkpointer.save(state, rng=rng, model_config=self.model_config,
-                                   job_config=self.job_config,
+                                   job_config=self.job_config, job=self.job,
                                    data_position={"start_step": self.start_step, "data": data_position})
+        if self.nonfinite_steps >= self.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"steps {self.nonfinite_since}-{step} of {self.run_dir}: the loss or gradient was not finite "
+                f"(NaN or infinite) in {self.nonfinite_steps} steps in a row, and their updates "
+                f"were skipped (optimizer.max_nonfinite_steps={self.max_nonfinite_steps}), so the "
+                f"weights and checkpoints are finite: lower optimizer.lr, or check the data and "
+                f"the weights of the loss, then resume")
+        if stop:
+            raise Stopped(self.save_signal.signum)
 
     def close(self) -> None:
-        self.checkpointer.wait()
-        self.checkpointer.close()
-        if self.logger is not None:
-            self.logger.close()
+        """Waits for the save in flight and closes the files; a Ctrl-C's unwinding included."""
+        try:
+            self.checkpointer.wait()
+            self.checkpointer.close()
+            if self.logger is not None:
+                self.logger.close()
+        finally:
+            if self.save_signal is not None:  # still recorded while the save completes
+                self.save_signal.close()
 
 
 def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerConfig,
@@ -114,7 +152,8 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     rng, data_position, start_step = jax.random.key(seed), None, 0
 
     checkpointer = Checkpointer(run_dir / "checkpoints", checkpoint)
-    restored = checkpointer.restore_latest(state)
+    job = type(job_config).__name__
+    restored = checkpointer.restore_latest(state, expect=RunFingerprint(job, model_config, model.path))
     if restored is not None:
         _warn_config_changes(restored.job_config, job_dict)
         state, rng = restored.state, restored.rng
@@ -123,13 +162,12 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
         log.info("resuming %s at step %d", run_dir, int(state.step))
     elif init_from is not None:
         previous = Checkpointer(Path(init_from) / "checkpoints")
-        restored = previous.restore_latest(state, params_only=reset_optimizer)
+        # The previous stage may be another kind of job (an SFT run); its model must be this one.
+        restored = previous.restore_latest(state, params_only=reset_optimizer,
+                                           expect=RunFingerprint(None, model_config, model.path))
         previous.close()
         if restored is None:
             raise FileNotFoundError(f"init_from={init_from!r} has no readable checkpoint")
-        if restored.model_config != model_config:
-            raise ValueError(f"init_from={init_from!r} holds a {restored.model_config}, but "
-                             f"model.path={model.path!r} is a {model_config}")
         state = restored.state._replace(opt_state=state.opt_state) if reset_optimizer else restored.state
         start_step = int(state.step)
         log.info("starting from %s at step %d%s", init_from, start_step,
@@ -138,9 +176,10 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     if jax.process_index() == 0:
         logger = MetricsLogger(run_dir, start_step=int(state.step),
                                total_steps=start_step + total_steps, progress=progress)
+    save_signal = None if checkpoint.save_signal is None else SaveSignal(checkpoint.save_signal)
     return Run(run_dir, mesh_, model_config, precision.compute_config(model_config), specs, opt,
                state, rng, data_position, start_step, start_step + total_steps, checkpointer,
-               logger, job_dict)
+               logger, job_dict, job, save_signal, optimizer.max_nonfinite_steps)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:

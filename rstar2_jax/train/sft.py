@@ -28,7 +28,7 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.errors import ConfigError, DataError
-from rstar2_jax.model import ModelConfig, token_logprobs
+from rstar2_jax.model import ModelConfig, target, token_logprobs
 from rstar2_jax.parallel.sharding import place_batch, process_fsdp_shards, process_rows
 from rstar2_jax.tokenizer import open_tokenizer
 from rstar2_jax.train.configs import SFTConfig
@@ -165,7 +165,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[int, dict], None] | None = 
                     batch = place_batch(pad_batch(chosen, config.seq_len, pad_id), run.mesh)
                     real_tokens = int(count_tokens(batch["attention_mask"]))
             start = time.perf_counter()
-            with timer("update"):
+            with timer("update"), target.compiling_for_mesh(run.mesh):
                 state, metrics = train_step(run.state, batch)
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics |= timer.split() | {

@@ -49,7 +49,9 @@ def state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: 
 
     def opt_shardings():
         # Traced, not run: tree_map_params calls the optimizer's init, which would otherwise
-        # compile a program for each operation of its learning-rate schedule.
+        # compile a program for each operation of its learning-rate schedule (and run it on
+        # this process's default device, which a compile-only target, `rstar2_jax.model.target`,
+        # is not).
         found.append(optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
                                            transform_non_params=lambda _: replicated))
 
@@ -103,16 +105,22 @@ def add_micro_batch(loss_fn: LossFn, params: Any, acc: Accumulator, micro_batch:
 def apply_update(optimizer: optax.GradientTransformation, state: TrainState,
                  acc: Accumulator) -> tuple[TrainState, dict]:
     """One optimizer update of ``state`` by the token-mean gradient of ``acc``, and its metrics
-    (`make_train_step`'s)."""
+    (`make_train_step`'s); skipped (params and optimizer state as they were) when the loss or
+    the gradient is not finite."""
     # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
     grads = jax.tree.map(lambda g: g / jnp.maximum(acc.count, 1.0), acc.grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(acc.loss_sum) & jnp.all(jnp.stack(
+        [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
     denom = jnp.maximum(acc.count, 1.0)
     metrics = {name: value / denom if metric_reduction(name) == "mean" else value
                for name, value in acc.metrics.items()}
     metrics |= {"loss": acc.loss_sum / denom, "tokens": acc.count,
-                "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state)}
+                "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state),
+                "update/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)}
     return TrainState(params, opt_state, state.step + 1), metrics
 
 
@@ -177,9 +185,15 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
       mesh, param_specs, params: shard the step; ``params`` (arrays or abstract shapes) give the
         optimizer-state structure. Without a mesh the step runs wherever its inputs live.
 
+    A step whose loss or accumulated gradient (over all micro-batches and devices) holds a NaN
+    or an infinity leaves the params and the optimizer state as they were (its count and the
+    learning-rate schedule included): clipping does not stop a NaN, and AdamW would spread it
+    to every weight. Only ``state.step`` advances; the caller decides when to give up.
+
     Metrics (float32 scalars): ``loss`` (token mean), ``tokens``, ``grad_norm`` (before
-    clipping), ``lr`` (of this update), and each of ``loss_fn``'s metric sums divided by tokens,
-    but for the maxima and minima that `metric_reduction` names by suffix.
+    clipping), ``lr`` (of this update), ``update/skipped_nonfinite`` (1 when the update was
+    skipped, else 0), and each of ``loss_fn``'s metric sums divided by tokens, but for the
+    maxima and minima that `metric_reduction` names by suffix.
     Rows are split over "fsdp" on a mesh, so the row count must be a multiple of
     ``micro_batches`` times the fsdp size (pad with all-masked rows).
     """
