@@ -500,8 +500,13 @@ class Engine:
 
         live = np.arange(self.num_slots) < n
         with self._on_params_devices():
-            self.stop_ids = np.asarray(sorted(set(stop_tokens)), np.int32)
-            self.pages = _empty_pool(config, num_pages, page_size)
+            self.pages, out = decode_chunk(
+                self.params, self.pages, self._table([self.tables[r] for r in runs], self.num_slots),
+                slots(self.written.astype(np.int32)), slots(self.pending), live,
+                slots(self.budget), slots(self.keys), self.stop_ids, np.int32(min_stops),
+                config=self.config, sampling=self.sampling, chunk=self.chunk,
+                forward_fn=self.forward_fn,
+            )
         out = jax.device_get(out)
         self.decode_steps += int(out.count.max())
         per_row = ChunkOutput(
