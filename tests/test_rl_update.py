@@ -89,7 +89,7 @@ def test_steps_that_keep_other_rollouts_compile_nothing_new(packed):
     params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
     state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
     update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params, loss=GRPO_ROC.loss)
-    assert sum(update.programs().values()) == 5
+    assert sum(update.programs().values()) == 6
 
     def kept(n, seed):
         batch = _batch(12, seed=seed)

@@ -29,10 +29,14 @@ and the loss see: each of them is the same function of the same arrays as unpack
 Micro-batches have one shape for the whole run, whatever a step keeps: ``rl.micro_batch_size``
 rows of ``seq`` tokens (packed: up to that many rows' segment slots of rollouts; unpacked: one
 rollout a row), and a mini-batch takes as many as its rollouts fill (`micro_batches`). So the
-update is five programs, compiled at its first step (`RLUpdate.describe`): the log-prob pass of
+update is six programs, compiled at its first step (`RLUpdate.describe`): the log-prob pass of
 a micro-batch (one more with a reference policy), the step's statistics and rollout correction
-on the layout above, an empty gradient accumulator, a micro-batch's gradient added to it, and
-the optimizer update.
+on the layout above, a micro-batch's rows of that layout (`micro_batch_layout`), an empty
+gradient accumulator, a micro-batch's gradient added to it, and the optimizer update. The
+gradient program reads only its micro-batch: gathering its rows out of the whole sharded layout
+in that program put collectives beside the model's layer loop that nothing ordered after the
+loop, and on XLA:CPU's 8 devices of a 4 x 2 mesh some devices waited at the loop's all-reduce
+while the others waited at the gather's collective-permute, until XLA ended the process.
 """
 from __future__ import annotations
 
@@ -177,7 +181,7 @@ def micro_batch_rows(batch: dict, shapes: PackShapes, rows: int, mini_batches: i
 
 
 class RLUpdate:
-    """``update(state, batch) -> (state, metrics)`` for one RL step; five programs for the run
+    """``update(state, batch) -> (state, metrics)`` for one RL step; six programs for the run
     (module docstring), whatever the steps keep.
 
     ``loss`` is the algorithm's policy loss (`rstar2_jax.algorithms.Algorithm.loss`, resolved
@@ -220,21 +224,15 @@ class RLUpdate:
         loss = functools.partial(rl_loss, model_config=model_config, config=config,
                                  loss=train_loss(loss, config))
 
-        def micro_loss(p, batch):
-            # The micro-batch's slots of the step's layout; an empty slot reads zeros (no loss).
-            index = batch["micro"]["index"]
-            slots = {k: jnp.take(v, index, axis=0, mode="fill", fill_value=0)
-                     for k, v in batch["layout"].items()}
-            return loss(p, {k: v for k, v in batch["micro"].items() if k != "index"} | slots)
-
         acc = Accumulator(params_sh, replicated, replicated, replicated)
         state = state_shardings(optimizer, params, mesh, param_specs)
         self._logprobs = jax.jit(self._logprob_pass, donate_argnums=1,
                                  in_shardings=(params_sh, rows, rows), out_shardings=rows)
         self._statistics = jax.jit(self._step_statistics, in_shardings=rows,
                                    out_shardings=(rows, rows, replicated))
-        self._zeros = jax.jit(functools.partial(zero_accumulator, micro_loss), out_shardings=acc)
-        self._add = jax.jit(functools.partial(add_micro_batch, micro_loss), donate_argnums=1,
+        self._layout_rows = jax.jit(micro_batch_layout, in_shardings=(rows, rows), out_shardings=rows)
+        self._zeros = jax.jit(functools.partial(zero_accumulator, loss), out_shardings=acc)
+        self._add = jax.jit(functools.partial(add_micro_batch, loss), donate_argnums=1,
                             in_shardings=(params_sh, acc, rows), out_shardings=acc)
         self._apply = jax.jit(functools.partial(apply_update, optimizer), donate_argnums=0,
                               in_shardings=(state, acc), out_shardings=(state, replicated))
@@ -243,7 +241,8 @@ class RLUpdate:
     def programs(self) -> dict[str, int]:
         """The update's programs, by JAX's names (module docstring): each compiled once."""
         return {"jit(_logprob_pass)": 1 + (self._reference is not None), "jit(_step_statistics)": 1,
-                "jit(zero_accumulator)": 1, "jit(add_micro_batch)": 1, "jit(apply_update)": 1}
+                "jit(micro_batch_layout)": 1, "jit(zero_accumulator)": 1, "jit(add_micro_batch)": 1,
+                "jit(apply_update)": 1}
 
     def describe(self, layout_rows: int, seq: int) -> str:
         """One line for the run's log: the update's programs and their shapes, for a layout of
@@ -252,10 +251,11 @@ class RLUpdate:
         slots = self.micro_rows * shapes.segments
         rows = f"{self.micro_rows} x {seq - 1} {'packed ' if self.config.packed else ''}rows"
         passes = "a log-prob pass" + (" and a reference pass" if self._reference is not None else "")
-        return (f"RL update: {5 + (self._reference is not None)} programs whatever a step keeps: "
+        return (f"RL update: {6 + (self._reference is not None)} programs whatever a step keeps: "
                 f"{passes} of a micro-batch ({rows}, {slots} rollouts), the step's statistics on "
-                f"its {layout_rows} x {seq - 1} rollout rows, an empty gradient accumulator, a "
-                f"micro-batch's gradient, the optimizer update; {self.config.mini_batches} "
+                f"its {layout_rows} x {seq - 1} rollout rows, a micro-batch's rows of them, an "
+                f"empty gradient accumulator, a micro-batch's gradient, the optimizer update; "
+                f"{self.config.mini_batches} "
                 f"mini-batch(es) a step, each of the micro-batches its rollouts fill")
 
     def __call__(self, state: TrainState, batch: dict, *,
@@ -301,9 +301,14 @@ class RLUpdate:
             train["ref_logp"] = layout["ref_logp"]
         per_update = []
         for mini in plan:
-            acc = self._zeros(state.params, {"micro": mini[0], "layout": train})
+            acc = None
             for mb in mini:
-                acc = self._add(state.params, acc, {"micro": mb, "layout": train})
+                # Its rows of the layout, in a program of their own (module docstring).
+                mb = ({k: v for k, v in mb.items() if k != "index"}
+                      | self._layout_rows(train, mb["index"]))
+                if acc is None:
+                    acc = self._zeros(state.params, mb)
+                acc = self._add(state.params, acc, mb)
             state, metrics = self._apply(state, acc)
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {"tokens": tokens} | stats
@@ -358,6 +363,13 @@ class RLUpdate:
         fill = {"tokens": 0, "attention_mask": 1, "loss_mask": 0, "advantages": 0.0, "sampler_logp": 0.0}
         return {k: np.concatenate([v, np.full((pad, *v.shape[1:]), fill[k], v.dtype)])
                 for k, v in batch.items()}
+
+
+def micro_batch_layout(layout: dict, index) -> dict:
+    """A micro-batch's rows of the step's layout: row ``index[i]`` of each of ``layout``'s
+    arrays in slot i (``index`` [slots], `micro_batch_rows`), zeros for an index past its end
+    (an empty slot: no loss)."""
+    return {k: jnp.take(v, index, axis=0, mode="fill", fill_value=0) for k, v in layout.items()}
 
 
 def _combine(per_update: list[dict]) -> dict[str, float]:

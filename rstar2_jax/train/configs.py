@@ -224,7 +224,7 @@ class RLConfig:
     packs several rollouts into a row, each attending only to itself
     (`rstar2_jax.train.packing`): the same loss, metrics and gradients as one rollout per row
     padded to the budget (``packed=false``), for the tokens of the rollouts rather than of the
-    padding. The update compiles five programs, whatever a step keeps (`rstar2_jax.rl.update`;
+    padding. The update compiles six programs, whatever a step keeps (`rstar2_jax.rl.update`;
     docs/benchmarks.md, "Compilation of the main job").
 
     ``rollout_correction`` corrects the update of any algorithm for the gap between the
