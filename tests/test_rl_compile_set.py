@@ -11,7 +11,7 @@ import sys
 from rl_setup import copied_rl_setup, rl_overrides
 
 _PROGRAM = """
-import json, sys
+import json, logging, sys
 from rstar2_jax.compile_cache import CompileCounter, enable_persistent_cache
 from rstar2_jax.config import load_config
 from rstar2_jax import toy  # noqa: F401 -- registers the toy chat format
@@ -21,6 +21,9 @@ from rstar2_jax.train.metrics import read_metrics
 
 
 def main():
+    # The job's INFO lines on stderr, as the CLI logs them (the compile set among them).
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("rstar2_jax").setLevel(logging.INFO)
     enable_persistent_cache()
     seen = {}
     synchronous = loop._synchronous
@@ -61,7 +64,7 @@ def test_rl_steps_compile_only_the_set_listed_at_the_start(tmp_path_factory, tmp
     outside = {name: n for name, n in programs.items() if n > listed.get(name, 0)}
     assert not outside, f"compiled beyond the listed set {listed}: {outside}"
     # What the update compiles does not depend on the steps: each of its programs once.
-    for name in ("jit(_logprob_pass)", "jit(_step_statistics)", "jit(zero_accumulator)",
-                 "jit(add_micro_batch)", "jit(apply_update)"):
+    for name in ("jit(_logprob_pass)", "jit(_step_statistics)", "jit(micro_batch_layout)",
+                 "jit(zero_accumulator)", "jit(add_micro_batch)", "jit(apply_update)"):
         assert programs.get(name) == 1, (name, programs)
     assert "RL steps compile at most" in done.stderr
