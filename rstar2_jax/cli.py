@@ -52,10 +52,10 @@ _MULTI_PROCESS_JOBS = {"sft", "rl", "eval", "hard-subset"}
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rstar2_jax.toy.demo import RL_CHECKPOINT_EVERY, SFT_CHECKPOINT_EVERY, DemoConfig, run_demo
+    from rstar2_jax.toy.demo import RL_CHECKPOINT_EVERY, DemoConfig, run_demo
 
     config = load_config(DemoConfig.tiny() if args.tiny else DemoConfig, args.config, args.overrides)
-    args.resume = (f"the newest checkpoints in {config.out} (SFT saves every {SFT_CHECKPOINT_EVERY} "
+    args.resume = (f"the newest checkpoints in {config.out} (SFT saves every {config.sft.checkpoint.every} "
                    f"steps, RL every {RL_CHECKPOINT_EVERY})")
     run_demo(config)
     return 0

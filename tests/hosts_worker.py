@@ -9,9 +9,14 @@ CPU devices: one trains, one serves rollouts (``mesh.rollout_devices=1``).
 2. The trainer's params, sharded over both processes' training devices, are copied to this
    process's rollout device by `ServingCopy`: a whole copy, in the serving dtype, on that
    device alone.
+3. That copy, laid out as the params (`ServingCopy.as_params`), is saved in a checkpoint (the
+   directory: the first argument) as an asynchronous run's policy version, read back, and
+   copied to the rollout device again: the same copy.
 Prints one JSON line of what it saw."""
 import json
+import sys
 import threading
+from pathlib import Path
 
 from rstar2_jax.parallel.distributed import initialize_from_env
 
@@ -25,7 +30,11 @@ from jax._src.distributed import global_state  # noqa: E402
 from rstar2_jax.parallel import hosts  # noqa: E402
 from rstar2_jax.model import ModelConfig, init_params  # noqa: E402
 from rstar2_jax.parallel.roles import ServingCopy, rollout_mesh, split_devices  # noqa: E402
-from rstar2_jax.parallel.sharding import make_mesh, shard_params  # noqa: E402
+from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params  # noqa: E402
+from rstar2_jax.train.checkpoint import Checkpointer  # noqa: E402
+from rstar2_jax.train.configs import OptimizerConfig  # noqa: E402
+from rstar2_jax.train.optim import make_optimizer  # noqa: E402
+from rstar2_jax.train.step import init_train_state  # noqa: E402
 
 me = jax.process_index()
 seen = {}
@@ -59,16 +68,29 @@ left = {channel: sorted({key.split("/")[2] for key, _ in client.key_value_dir_ge
 config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                      tie_embeddings=True)
-params = init_params(config, jax.random.key(0))
+params = jax.tree.map(np.asarray, init_params(config, jax.random.key(0)))  # as load_hf gives them
 train_devices, rollout_devices = split_devices(1)
 train = make_mesh(fsdp=2, tp=1, devices=train_devices)
 sharded = shard_params(params, config, train)
-copy = ServingCopy(config, train, rollout_mesh(1), jnp.bfloat16)(sharded)
+serving = ServingCopy(config, train, rollout_mesh(1), jnp.bfloat16)
+copy = serving(sharded)
 leaves = jax.tree.leaves(copy)
 same = all(np.array_equal(np.asarray(c), np.asarray(p.astype(jnp.bfloat16)))
            for c, p in zip(leaves, jax.tree.leaves(params), strict=True))
+
+state = init_train_state(sharded, make_optimizer(OptimizerConfig(), 10), mesh=train,
+                         param_specs=param_specs(config, train))
+checkpoints = Checkpointer(Path(sys.argv[1]))
+checkpoints.save(state, rng=jax.random.key(0), data_position=None, job_config={},
+                 model_config=config, versions={1: serving.as_params(copy)})
+checkpoints.wait()
+again = serving(checkpoints.restore(0, state, read_versions=True).versions[1])
+checkpoints.close()
 print(json.dumps({
     "seen": seen, "left": left, "same": same, "delivered": delivered,
+    "version_back": all(np.array_equal(np.asarray(a), np.asarray(b))
+                        for a, b in zip(jax.tree.leaves(again), leaves, strict=True)),
+    "version_devices": sorted({d.id for x in jax.tree.leaves(again) for d in x.devices()}),
     "dtypes": sorted({str(x.dtype) for x in leaves}),
     "devices": sorted({d.id for x in leaves for d in x.devices()}),
     "rollout": [d.id for d in rollout_devices],

@@ -1,5 +1,6 @@
 """Checkpoints: exact round trip, keep-last-K, corruption fallback, refusal of another run's
-checkpoints and of a read that fails for no proven reason (export: test_export.py)."""
+checkpoints and of a read that fails for no proven reason, the policy versions of an
+asynchronous RL run (export: test_export.py)."""
 import dataclasses
 import logging
 import os
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 from rstar2_jax.model import ModelConfig, init_params
+from rstar2_jax.parallel.roles import ServingCopy
+from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
 from rstar2_jax.errors import UserError
 from rstar2_jax.train.checkpoint import (
     Checkpointer,
@@ -18,6 +21,7 @@ from rstar2_jax.train.checkpoint import (
     CorruptCheckpointError,
     RunFingerprint,
     RunMismatchError,
+    _fingerprints,
 )
 from rstar2_jax.train.configs import CheckpointConfig, OptimizerConfig
 from rstar2_jax.train.optim import make_optimizer
@@ -175,3 +179,92 @@ def test_when_every_checkpoint_is_damaged_the_run_does_not_start_over(tmp_path):
                                                      r"\[1\], moved to corrupt-<step>\)"):
         Checkpointer(tmp_path).restore_latest(_state(0, 0))
     assert os.listdir(tmp_path) == ["corrupt-1"]
+
+
+def _versions_saved(tmp_path, rollout: int):
+    """Checkpoint 3 of a run on 4 training devices (fsdp) with ``rollout`` rollout devices beside
+    them (0: none), holding the sampler's bfloat16 copies of versions 1 and 2 as an asynchronous
+    run's does; returns (the copies, the params the state was made from, the train mesh)."""
+    devices = jax.devices()
+    train = make_mesh(fsdp=4, tp=1, devices=devices[:4])
+    serving = make_mesh(fsdp=1, tp=rollout, devices=devices[4:4 + rollout]) if rollout else None
+    copy = ServingCopy(MODEL, train, serving, jnp.bfloat16)
+    copies = {v: copy(shard_params(init_params(MODEL, jax.random.key(v)), MODEL, train))
+              for v in (1, 2)}
+    state = _state(3, 3)
+    state = state._replace(params=shard_params(state.params, MODEL, train))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(state, rng=jax.random.key(0), data_position=None, job_config={}, model_config=MODEL,
+              versions={v: copy.as_params(c) for v, c in copies.items()})
+    ckpt.wait()
+    return copy, copies, state
+
+
+@pytest.mark.parametrize("rollout", [0, 4])
+def test_the_policy_versions_of_an_asynchronous_run_come_back_exactly_to_the_sampler(tmp_path, rollout):
+    # With rollout devices the copies live there; the checkpoint holds them laid out as the
+    # params (each host writing its shards), and the sampler's copy made again from what is
+    # read back is the copy that was saved, bit for bit, on the sampler's devices.
+    copy, copies, state = _versions_saved(tmp_path, rollout)
+    restored = Checkpointer(tmp_path).restore_latest(state, read_versions=True)
+    assert sorted(restored.versions) == [1, 2]
+    for v, saved in copies.items():
+        back = restored.versions[v]
+        assert {x.dtype for x in jax.tree.leaves(back)} == {jnp.dtype(jnp.bfloat16)}
+        assert jax.tree.map(lambda x: x.sharding, back) == jax.tree.map(lambda x: x.sharding,
+                                                                         state.params)
+        served = copy(back)
+        assert jax.tree.map(lambda x: x.sharding, served) == jax.tree.map(lambda x: x.sharding, saved)
+        _assert_same(served, saved)
+    assert {d.id for x in jax.tree.leaves(served) for d in x.devices()} == (
+        set(range(4, 4 + rollout)) if rollout else {0, 1, 2, 3})
+    _assert_same(restored.state, state)
+    # Without read_versions (a previous stage's checkpoint, an export) they are not read.
+    assert Checkpointer(tmp_path).restore_latest(state).versions == {}
+
+
+def test_a_checkpoint_without_policy_versions_is_the_synchronous_layout(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    _save(ckpt, seed=1, step=1)
+    ckpt.wait()
+    assert sorted(p.name for p in (tmp_path / "1").iterdir() if p.is_dir()) == [
+        "meta", "opt_state", "params"]
+    meta = ckpt.read_meta(1)
+    assert "versions" not in meta and sorted(meta["fingerprints"]) == ["opt_state", "params"]
+    assert ckpt.restore_latest(_state(0, 0), read_versions=True).versions == {}
+
+
+def test_saving_other_policy_versions_compiles_no_new_fingerprint_program(tmp_path):
+    # Each save of a k > 0 run holds other version numbers ({"3": params}, then {"4": params}):
+    # as tree keys they would make a new program every save, an unbounded compile set.
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(_state(3, 3), rng=jax.random.key(0), data_position=None, job_config={},
+              model_config=MODEL, versions={2: _state(9, 0).params})
+    ckpt.wait()
+    programs = _fingerprints._cache_size()
+    for step in (4, 5):
+        ckpt.save(_state(step, step), rng=jax.random.key(0), data_position=None, job_config={},
+                  model_config=MODEL, versions={step - 1: _state(9, 0).params})
+        ckpt.wait()
+    assert _fingerprints._cache_size() == programs
+    assert sorted(ckpt.read_meta(5)["fingerprints"]["versions"])[0].startswith("['4']")
+
+
+def test_damaged_policy_versions_are_damage_like_any_other(tmp_path, caplog):
+    # A flipped bit in a saved version fails its fingerprint: the checkpoint is quarantined and
+    # the previous one read, as for the params.
+    ckpt = Checkpointer(tmp_path)
+    _save(ckpt, seed=4, step=4)
+    ckpt.wait()
+    ckpt.save(_state(5, 5), rng=jax.random.key(0), data_position=None, job_config={},
+              model_config=MODEL, versions={4: _state(9, 0).params})
+    ckpt.wait()
+    victim = max((p for p in (tmp_path / "5" / "versions").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    victim.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        restored = Checkpointer(tmp_path).restore_latest(_state(0, 0), read_versions=True)
+    assert int(restored.state.step) == 4 and restored.versions == {}
+    assert "checkpoint step 5" in caplog.text and (tmp_path / "corrupt-5").exists()

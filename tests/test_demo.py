@@ -4,6 +4,7 @@ line."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -64,7 +65,7 @@ def test_an_interrupted_job_resumes_each_phase_from_its_newest_checkpoint(demo):
         assert steps == list(range(1, stop)) + list(range(saved + 1, end + 1))
         assert saved < stop < end, (phase, saved, stop, end)
         ends[phase] = end
-    assert ends["rl"] == cfg.rl_steps
+    assert ends["rl"] == cfg.stage.steps
 
 
 def test_tiny_main_job_runs_end_to_end(demo):
@@ -166,5 +167,29 @@ def test_cli_tiny_preset_takes_overrides(monkeypatch, tmp_path):
 
     started = []
     monkeypatch.setattr(demo_module, "run_demo", started.append)
-    assert main(["demo", "--tiny", f"out={tmp_path}", "rl_steps=2"]) == 0
-    assert started == [dataclasses.replace(DemoConfig.tiny(str(tmp_path)), rl_steps=2)]
+    assert main(["demo", "--tiny", f"out={tmp_path}", "stage.steps=2", "sft.epochs=3"]) == 0
+    tiny = DemoConfig.tiny(str(tmp_path))
+    assert started == [dataclasses.replace(tiny, stage=dataclasses.replace(tiny.stage, steps=2),
+                                           sft=dataclasses.replace(tiny.sft, epochs=3))]
+
+
+@pytest.mark.parametrize("override, key, use", [
+    ("sft.seed=1", "sft.seed", "set `seed`"), ("sft.seq_len=512", "sft.seq_len", "longest demonstration"),
+    ("sft.data=x.jsonl", "sft.data", "from `data`"), ("sft.run_dir=x", "sft.run_dir", "set `out`"),
+    ("sft.model.path=x", "sft.model", "shape in `model`"),
+    ("sft.precision.compute=bfloat16", "sft.precision", "set `precision`"),
+    ("stage.dataset=x.jsonl", "stage.dataset", "from `data`")])
+def test_config_refuses_the_job_settings_the_demo_derives(override, key, use):
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} is set by the demo itself; .*{re.escape(use)}"):
+        load_config(DemoConfig, overrides=[override])
+
+
+def test_the_job_configs_hold_the_demos_settings_and_what_it_derives(tmp_path):
+    from rstar2_jax.toy.demo import rl_config, sft_config
+
+    cfg = DemoConfig.tiny(str(tmp_path))
+    sft, rl = sft_config(cfg, tmp_path, 192), rl_config(cfg, tmp_path, "rl")
+    assert dataclasses.replace(sft, model=cfg.sft.model, data="", run_dir="", seq_len=cfg.sft.seq_len) == cfg.sft
+    assert (sft.seq_len, sft.data, sft.model.path) == (192, f"{tmp_path}/data/sft.jsonl", f"{tmp_path}/init_model")
+    assert rl.stage == dataclasses.replace(cfg.stage, dataset=f"{tmp_path}/data/train.jsonl")
+    assert (rl.optimizer, rl.rl, rl.limits) == (cfg.rl_optimizer, cfg.rl, cfg.limits)

@@ -257,15 +257,16 @@ def test_a_host_dying_after_its_claim_stops_the_other_with_a_message():
     assert "another task died" in err, err[-3000:]
 
 
-def test_exchanges_pair_by_channel_and_weights_reach_each_hosts_rollout_device():
+def test_exchanges_pair_by_channel_and_weights_reach_each_hosts_rollout_device(tmp_path):
     # Two processes of 2 CPU devices, one training and one rollout device each
     # (tests/hosts_worker.py): a sampler thread's and a trainer's exchanges, made in opposite
     # orders, pair up by channel; the trainer's params, sharded over both processes, arrive
-    # whole on each host's own rollout device in the serving dtype.
+    # whole on each host's own rollout device in the serving dtype, and that copy, saved in a
+    # checkpoint as an asynchronous run's policy version, comes back to it the same.
     address = f"127.0.0.1:{free_port()}"
     worker = os.path.join(os.path.dirname(__file__), "hosts_worker.py")
     children = [subprocess.Popen(
-        [sys.executable, worker], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, worker, str(tmp_path / "checkpoints")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
                  JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
                  JAX_PROCESS_ID=str(index)))
@@ -283,6 +284,7 @@ def test_exchanges_pair_by_channel_and_weights_reach_each_hosts_rollout_device()
         assert set(s["left"]["rollout"]) <= {"4", "5"}
         assert s["train_sharded"] and s["same"] and s["dtypes"] == ["bfloat16"]
         assert s["devices"] == s["rollout"] and len(s["rollout"]) == 1
+        assert s["version_back"] and s["version_devices"] == s["rollout"]
     assert seen[0]["rollout"] != seen[1]["rollout"]
     assert seen[0]["delivered"] == [{"b": 1}, ["c"]] and seen[1]["delivered"] == ["a", ["c"]]
 

@@ -1,7 +1,8 @@
 """Asynchronous RL (``rl.max_staleness`` = k): the pipelined loop at k = 0 is the synchronous
 loop; at k > 0 each step's rollouts come from the policy k updates back (version stamps, the
 bound, the staleness metrics), the same whether the trainer or the sampler is the slow side;
-a failure on either side ends the run with its error, a SIGTERM with the checkpoint kept."""
+a failure on either side ends the run with its error, a SIGTERM with the checkpoint kept, and
+the same command resumes the run that never stopped."""
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.metrics import read_metrics
 from rstar2_jax.rl.loop import run_rl
 from rstar2_jax.rl.step import RLStep
+from rstar2_jax.rl.update import RLUpdate
 
 STEPS = 4
 
@@ -288,13 +290,19 @@ def test_a_tensor_parallel_rollout_mesh_serves_a_synchronous_run(sft_model, samp
                for r in metrics)
 
 
-def test_a_resumed_run_samples_its_first_k_steps_with_the_resumed_params(sft_model, monkeypatch):
-    # The rollouts in flight at a checkpoint are not saved: after a resume at step r, steps
-    # r .. r + k - 1 sample with version r (lag 0 .. k - 1), then the lag is k again.
+def test_a_resume_from_a_checkpoint_without_the_versions_warns_and_samples_with_its_params(
+        sft_model, monkeypatch, caplog):
+    # The last checkpoint of a stage holds no policy versions (no later step samples with
+    # them); a longer run resumed from it, at step r, samples steps r .. r + k - 1 with version
+    # r (lag 0 .. k - 1), says so in one line, then the lag is k again.
     d, k = sft_model, 2
     run_rl(_config(d, "resumed", k, 2), progress=False)
+    assert "versions" not in Checkpointer(d / "resumed" / "checkpoints").read_meta(2)
     recorder = Recorder(monkeypatch, k, slow="none")
-    run_rl(_config(d, "resumed", k, 5), progress=False)
+    with caplog.at_level(logging.WARNING, logger=rl.__name__):
+        run_rl(_config(d, "resumed", k, 5), progress=False)
+    assert "checkpoint step 2 holds no copy of policy version(s) 0, 1, which steps 3-4 sample " \
+           "with at rl.max_staleness=2" in caplog.text
     assert {s: v for s, (v, _) in recorder.rollouts.items()} == {2: 2, 3: 2, 4: 2}
     assert [(r["step"], r["staleness/max"]) for r in read_metrics(d / "resumed")] == [
         (1, 0), (2, 1), (3, 0), (4, 1), (5, 2)]
@@ -329,16 +337,29 @@ def test_finish_refuses_weights_mid_rollout():
         sampler.update_weights({}, 1)
 
 
-def test_sigterm_during_an_async_step_keeps_the_checkpoint_and_the_command_resumes_it(
-        sft_model, monkeypatch, capsys):
-    """Issue 51: SIGTERM takes Ctrl-C's path. At k = 1 it comes while the trainer trains step 3
-    and the sampler rolls out step 4; checkpoints 1 and 2 stay (2's save may still be in
-    flight), the sampler thread ends, and the same command resumes from step 2 as any resume
-    from that checkpoint does (at k > 0 the rollouts in flight are not saved, so the reference
-    is a run stopped at step 2 and continued, not one that never stopped)."""
+@pytest.mark.parametrize("k", [1, 2])
+def test_sigterm_during_an_async_step_keeps_the_checkpoint_and_the_command_resumes_the_run(
+        sft_model, monkeypatch, capsys, k):
+    """Issue 51: SIGTERM takes Ctrl-C's path, and the same command repeats the run that never
+    stopped. The signal comes while the trainer trains step 3 of 4 and the sampler rolls out
+    further ahead; checkpoints 1 and 2 stay (2's save may still be in flight) and the sampler
+    thread ends. Checkpoint 2 holds the policy versions steps 3 .. 2 + k sample with (k = 1:
+    version 1; k = 2: versions 0 and 1), so the resumed run samples them again: its staleness
+    and final weights are the uninterrupted run's."""
     d = sft_model
-    command = ["rl", *rl_overrides(d, "terminated", 3, "rl.mini_batches=2", "mesh.fsdp=1",
-                                   "rl.max_staleness=1")]
+    # The first-update guard reads the sampler/trainer gap of rollouts the trained params
+    # sampled: the run's first update; a resumed run's updates are all stale.
+    checked, update = [], RLUpdate.__call__
+
+    def recorded(self, state, batch, *, check=None):
+        checked.append(check is not None)
+        return update(self, state, batch, check=check)
+
+    monkeypatch.setattr(RLUpdate, "__call__", recorded)
+    uninterrupted = run_rl(_config(d, f"uninterrupted_k{k}", k), progress=False)
+    assert checked == [True, False, False, False]
+    command = ["rl", *rl_overrides(d, f"terminated_k{k}", STEPS, "rl.mini_batches=2",
+                                   "mesh.fsdp=1", f"rl.max_staleness={k}")]
     train = RLStep.train
 
     def terminated(loop, state, rollouts):
@@ -352,17 +373,20 @@ def test_sigterm_during_an_async_step_keeps_the_checkpoint_and_the_command_resum
     assert main(command) == 128 + signal.SIGTERM
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"stopped by SIGTERM; run the same command again to resume from the newest checkpoint "
-        f"in {d}/terminated")
+        f"in {d}/terminated_k{k}")
     assert not [t for t in threading.enumerate() if t.name == "rl-sampler"]
-    assert Checkpointer(d / "terminated" / "checkpoints").steps() == [1, 2]
-    assert [r["step"] for r in read_metrics(d / "terminated")] == [1, 2]
+    assert Checkpointer(d / f"terminated_k{k}" / "checkpoints").steps() == [1, 2]
+    assert [r["step"] for r in read_metrics(d / f"terminated_k{k}")] == [1, 2]
 
     monkeypatch.undo()
+    monkeypatch.setattr(RLUpdate, "__call__", recorded)
+    checked.clear()
     assert main(command) == 0
-    run_rl(_config(d, "stopped_at_2", 1, 2), progress=False)
-    reference = run_rl(_config(d, "stopped_at_2", 1, 3), progress=False)
-    resumed = restore_params(d / "terminated" / "checkpoints")
-    assert int(resumed.state.step) == 3
-    for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(resumed.state.params), strict=True):
+    assert checked == [False, False]
+    resumed = restore_params(d / f"terminated_k{k}" / "checkpoints")
+    assert int(resumed.state.step) == STEPS
+    for a, b in zip(jax.tree.leaves(uninterrupted.params), jax.tree.leaves(resumed.state.params),
+                    strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
-    assert [r["step"] for r in read_metrics(d / "terminated")] == [1, 2, 3]
+    lags = [(r["step"], r["staleness/max"]) for r in read_metrics(d / f"terminated_k{k}")]
+    assert lags == [(s, min(k, s - 1)) for s in range(1, STEPS + 1)]

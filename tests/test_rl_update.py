@@ -192,6 +192,34 @@ def test_rollout_correction_weights_and_masks_what_the_loss_receives():
     assert m["loss"] == pytest.approx(-np.sum(np.broadcast_to(adv, mask.shape)[even]) / even.sum(), rel=1e-4)
     assert m["tokens"] == mask.sum()  # the step's loss tokens; masked_frac says how many trained
 
+    # AReaL's cap gives the odd tokens (e > 2) weight 0 and keeps them in the token count; IcePop
+    # with the window [0.95, 3] zeroes the even ones (exp(-0.1) = 0.905) and keeps e whole.
+    areal = RolloutCorrection(weights="token", weight_rule="areal")
+    _, m = _update(batch, make_mesh(1, 1), rollout_correction=areal)
+    assert m["rollout_correction/zeroed_frac"] == pytest.approx(1 - even.sum() / mask.sum(), rel=1e-6)
+    assert "rollout_correction/truncated_frac" not in m
+    assert m["loss"] == pytest.approx(-np.sum(np.broadcast_to(adv * np.exp(-0.1), mask.shape)[even]) / mask.sum(), rel=1e-4)
+    icepop = RolloutCorrection(weights="token", weight_rule="icepop", weight_floor=0.95, weight_cap=3.0)
+    _, m = _update(batch, make_mesh(1, 1), rollout_correction=icepop)
+    assert m["rollout_correction/zeroed_frac"] == pytest.approx(even.sum() / mask.sum(), rel=1e-6)
+    assert m["loss"] == pytest.approx(-np.sum(np.broadcast_to(adv * np.e, mask.shape)[mask & ~even]) / mask.sum(),
+                                      rel=1e-4)
+    assert m["tokens"] == mask.sum()
+
+
+def test_the_weight_rules_settings_change_nothing_unless_a_rule_is_chosen():
+    # Today's behaviour: with the rule at its default (TIS), IcePop's floor and M2PO's threshold
+    # do not enter the update, with the correction off or with token TIS.
+    batch = _batch(8, sampler_offset=np.where(np.arange(SEQ - 1) % 3 == 0, -0.9, 0.2))
+    for weights in ("none", "token"):
+        base, base_metrics = _update(batch, make_mesh(1, 1), rollout_correction=RolloutCorrection(weights=weights))
+        other = RolloutCorrection(weights=weights, weight_floor=0.9, m2_threshold=1e-4)
+        state, metrics = _update(batch, make_mesh(1, 1), rollout_correction=other)
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(base.params), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert metrics == base_metrics
+    assert "rollout_correction/truncated_frac" in base_metrics and "rollout_correction/zeroed_frac" not in base_metrics
+
 
 def test_a_check_that_raises_stops_the_update_before_any_optimizer_step():
     batch = _batch(4, sampler_offset=-0.3)

@@ -99,8 +99,24 @@ def test_rerun_reads_finished_runs_back_and_other_settings_are_an_error(grid):
     stamps = [f.stat().st_mtime_ns for f in files]
     assert run_testbed(cfg, progress=False) == summary
     assert [f.stat().st_mtime_ns for f in files] == stamps
-    changed = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, rl_steps=3))
-    with pytest.raises(ValueError, match="rl_steps"):
+    changed = dataclasses.replace(cfg, demo=dataclasses.replace(
+        cfg.demo, stage=dataclasses.replace(cfg.demo.stage, steps=3)))
+    with pytest.raises(ValueError, match=r"differing: stage\.steps\)"):
+        run_testbed(changed, progress=False)
+    # Results saved before DemoConfig held the job configs (sft_epochs, rl_steps, max_turns, ...)
+    # read back under the new names, and still differ where the settings do.
+    for name in ("sft", next(iter(cfg.arms))):
+        path = Path(cfg.out) / "results" / name / f"seed{cfg.seeds[0]}.json"
+        result = json.loads(path.read_text())
+        saved = result["settings"]
+        sft, stage = saved.pop("sft"), saved.pop("stage")
+        saved |= {f"sft_{key}": sft[key] for key in ("epochs", "batch_size", "digit_loss_weight", "optimizer")}
+        saved |= {key: stage[key] for key in ("max_turns", "max_response_tokens")}
+        if name != "sft":
+            saved |= {"sft_packed": sft["packed"], "rl_steps": stage["steps"]}
+        path.write_text(json.dumps(result))
+    assert run_testbed(cfg, progress=False) == summary
+    with pytest.raises(ValueError, match=r"differing: stage\.steps\)"):
         run_testbed(changed, progress=False)
     # A result written before an option existed reads back while the option keeps its default.
     path = Path(cfg.out) / "results" / "sft" / f"seed{cfg.seeds[0]}.json"
@@ -282,7 +298,7 @@ def test_the_session_environment_builds_slips_whose_fix_reuses_the_session(tmp_p
 def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
     cfg = load_config(Config, overrides=[
         f"out={tmp_path}", "seeds=[3,4]", "arms.dr.algorithm=dr_grpo", "arms.dr.oversample=1",
-        "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.rl_steps=5",
+        "arms.mine.algorithm=rstar2_jax.algorithms:GSPO", "demo.stage.steps=5",
         "arms.tis.rollout_correction.weights=token", "arms.tis.rollout_correction.weight_cap=3",
         "arms.tis.max_staleness=2"])
     assert list(cfg.arms) == ["grpo_roc", "grpo_tool", "grpo_2g", "dr", "mine", "tis"]
@@ -301,6 +317,19 @@ def test_config_loads_with_overrides_and_rejects_bad_arms(tmp_path):
         Config(seeds=[1, 1])
     with pytest.raises(ValueError, match="max_staleness"):
         Arm(max_staleness=-1)
+    with pytest.raises(ValueError, match="mini_batches"):
+        Arm(mini_batches=0)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        Arm(lr=0.0)
+
+
+def test_an_arm_sets_its_mini_batches_and_learning_rate_or_keeps_the_demos(tmp_path):
+    cfg = load_config(Config, overrides=[f"out={tmp_path}", "demo.rl.mini_batches=2",
+                                         "arms.mb.mini_batches=4", "arms.mb.lr=2.5e-4"])
+    mb, roc = cfg.arm_config(0, "mb"), cfg.arm_config(0, "grpo_roc")
+    assert (mb.rl.mini_batches, mb.rl_optimizer.lr) == (4, 2.5e-4)
+    assert (roc.rl.mini_batches, roc.rl_optimizer.lr) == (2, cfg.demo.rl_optimizer.lr)
+    assert mb.rl_optimizer.warmup_steps == cfg.demo.rl_optimizer.warmup_steps
 
 
 def _script():
@@ -326,7 +355,7 @@ def test_the_script_takes_overrides_after_only(tmp_path):
 def test_the_staleness_arms_join_either_environments_grid():
     """experiments/toy/testbed_staleness.yaml adds GRPO-RoC at k = 0, 1, 2, 4 without and with
     token TIS to the grid of the environment named before it, its SFT policies and its out."""
-    only = "grpo_roc,k0_tis,k1,k1_tis,k2,k2_tis,k4,k4_tis"
+    only = "grpo_roc,k0_tis,k1,k1_tis,k2,k2_tis,k4,k4_tis,k2_areal,k2_icepop,k2_m2po,k2_icepop_lr,k2_icepop_mb4"
     for files, out in (([STALENESS_CONFIG], Config().out),
                        ([SESSIONS_CONFIG, STALENESS_CONFIG], "runs/testbed_sessions")):
         cfg = _script().parse([arg for f in files for arg in ("--config", str(f))] + ["--only", only])
@@ -335,4 +364,13 @@ def test_the_staleness_arms_join_either_environments_grid():
         assert {name: (rl.algorithm, rl.rollouts_per_question, rl.max_staleness,
                        rl.rollout_correction.weights) for name, rl in runs.items()} == {
             name: ("grpo_roc", 2 * cfg.demo.rl.group_size, int(name[1]) if name[0] == "k" else 0,
-                   "token" if name.endswith("_tis") else "none") for name in runs}
+                   "none" if name in ("grpo_roc", "k1", "k2", "k4") else "token") for name in runs}
+        rules = {name: runs[name].rollout_correction for name in ("k2_tis", "k2_areal", "k2_icepop", "k2_m2po")}
+        assert {name: (c.weight_rule, c.weight_cap, c.weight_floor, c.m2_threshold) for name, c in rules.items()} == {
+            "k2_tis": ("tis", 2.0, 0.5, 0.04), "k2_areal": ("areal", 5.0, 0.5, 0.04),
+            "k2_icepop": ("icepop", 5.0, 0.5, 0.04), "k2_m2po": ("m2po", 2.0, 0.5, 0.04)}
+        variants = {name: cfg.arm_config(0, name) for name in ("k2_icepop", "k2_icepop_lr", "k2_icepop_mb4")}
+        assert {name: (c.rl.rollout_correction, c.rl.max_staleness, c.rl.mini_batches, c.rl_optimizer.lr)
+                for name, c in variants.items()} == {
+            "k2_icepop": (rules["k2_icepop"], 2, 1, 1e-3), "k2_icepop_lr": (rules["k2_icepop"], 2, 1, 2.5e-4),
+            "k2_icepop_mb4": (rules["k2_icepop"], 2, 4, 2.5e-4)}

@@ -49,7 +49,8 @@ def tiny_config(out: str, steps: int):
 
     tiny = DemoConfig.tiny(out)
     return dataclasses.replace(tiny, rl=dataclasses.replace(
-        DemoConfig().rl, max_prompt_tokens=tiny.rl.max_prompt_tokens), rl_steps=steps)
+        DemoConfig().rl, max_prompt_tokens=tiny.rl.max_prompt_tokens),
+        stage=dataclasses.replace(tiny.stage, steps=steps))
 
 
 def worker(args) -> None:

@@ -164,10 +164,9 @@ def decode_step_cost(config: ModelConfig, batch: int, context: int, page_size: i
 
     @functools.partial(jax.jit, donate_argnums=(1,))
     def step(params, pools, tokens, table, lengths):
-        cache = KVCache(k=pools[0], v=pools[1], block_table=table, lengths=lengths,
-                        dtype=config.jnp_dtype)
+        cache = KVCache.of_pools(pools, table, lengths, config.jnp_dtype)
         logits, cache = forward_cached(params, config, tokens, cache, last_only=True)
-        return jnp.argmax(logits, axis=-1), (cache.k, cache.v)
+        return jnp.argmax(logits, axis=-1), cache.pools
 
     with _gathered_decode():
         compiled = step.lower(params, pools, spec((batch, 1), jnp.int32),

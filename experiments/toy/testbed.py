@@ -1,7 +1,7 @@
 """The testbed grid: RL algorithms over seeds on the toy, each arm from the same SFT policy per seed.
 
     python experiments/toy/testbed.py                              # 3 arms x 3 seeds, runs/testbed
-    python experiments/toy/testbed.py out=runs/small seeds=[0] demo.rl_steps=10
+    python experiments/toy/testbed.py out=runs/small seeds=[0] demo.stage.steps=10
     python experiments/toy/testbed.py --only grpo_2g out=runs/tb   # these arms only, for now
     python experiments/toy/testbed.py arms.dr_grpo.algorithm=dr_grpo          # add an arm
     python experiments/toy/testbed.py arms.mine.algorithm=my_module:MINE arms.mine.oversample=1

@@ -14,7 +14,10 @@ and per sequence the product prod_t rho_t, or its geometric mean exp(mean_t log 
 - importance weights (``weights``): w = min(rho, C) per token (truncated importance sampling,
   TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
   Training"), or one weight per sequence from the product or the geometric mean of its
-  ratios, truncated at the same cap C (``weight_cap``);
+  ratios, truncated at the same cap C (``weight_cap``). Per token, ``weight_rule`` replaces
+  the truncation by the rule of another source, each giving weight rho to the tokens it keeps
+  and 0 to the others, which stay in the loss's token count: AReaL's cap (`areal_weights`),
+  IcePop's two-sided window (`icepop_weights`), M2PO's second-moment mask (`m2po_weights`);
 - masking (``mask``): drop the tokens, or the whole sequences, whose ratio (at the same three
   levels) leaves [low, high] (masked importance sampling, MIS, and verl's rejection sampling).
 
@@ -44,6 +47,9 @@ import jax.numpy as jnp
 
 Level = Literal["none", "token", "sequence", "geometric"]
 LEVELS = ("none", "token", "sequence", "geometric")
+# What happens to a token's weight rho: truncated at the cap (TIS), or kept or zeroed by the rule
+# of AReaL, IcePop or M2PO (each per token, as its source defines it).
+WEIGHT_RULES = ("tis", "areal", "icepop", "m2po")
 # Beyond exp(20) ~ 5e8 a ratio carries no more information; the bound keeps exp() finite (verl's).
 _LOG_RATIO_BOUND = 20.0
 
@@ -55,7 +61,17 @@ class RolloutCorrection:
     weights: "none", or the level of the importance weights: "token" (w_t = min(rho_t, C)),
       "sequence" (w = min(prod_t rho_t, C) for every token of the sequence) or "geometric"
       (w = min(exp(mean_t log rho_t), C)).
-    weight_cap: C, the truncation of the weights (> 0; verl's default 2.0; inf: none).
+    weight_rule: what the cap does to a token's weight: "tis" (truncation, above), or, with
+      ``weights="token"``, w_t = rho_t on the tokens a rule keeps and 0 on the others, which
+      stay in the loss's token count: "areal" (kept where rho_t <= C: AReaL's
+      ``behav_imp_weight_cap``), "icepop" (kept where weight_floor <= rho_t <= C: IcePop) or
+      "m2po" (the largest (log rho_t)^2 dropped until the mean of the kept ones is below
+      m2_threshold: M2PO).
+    weight_cap: C, the truncation of the weights (> 0; verl's default 2.0; inf: none); for
+      "areal" and "icepop" the largest ratio kept (> 1; AReaL's configs and IcePop's beta: 5).
+    weight_floor: IcePop's alpha, the smallest ratio kept (in [0, 1); its default 0.5).
+    m2_threshold: M2PO's tau_M2, the bound on the mean (log rho)^2 of the kept tokens (> 0;
+      its default 0.04).
     mask: "none", or the level at which tokens are dropped from the loss: "token" (rho_t outside
       [mask_low, mask_high]), "sequence" (the product of the sequence's ratios outside it: the
       whole sequence) or "geometric" (their geometric mean outside it).
@@ -64,7 +80,10 @@ class RolloutCorrection:
     """
 
     weights: str = "none"
+    weight_rule: str = "tis"
     weight_cap: float = dataclasses.field(default=2.0, metadata={"infinity": "no cap"})  # inf: none
+    weight_floor: float = 0.5
+    m2_threshold: float = 0.04
     mask: str = "none"
     mask_low: float = 0.5
     mask_high: float = dataclasses.field(default=2.0, metadata={"infinity": "no upper bound"})  # inf: none
@@ -74,8 +93,23 @@ class RolloutCorrection:
             if getattr(self, name) not in LEVELS:
                 raise ValueError(f"rl.rollout_correction.{name} must be one of {', '.join(LEVELS)}, "
                                  f"got {getattr(self, name)!r}")
+        if self.weight_rule not in WEIGHT_RULES:
+            raise ValueError(f"rl.rollout_correction.weight_rule must be one of {', '.join(WEIGHT_RULES)}, "
+                             f"got {self.weight_rule!r}")
+        if self.weight_rule != "tis" and self.weights != "token":
+            # Each source defines its rule per token; without weights the rule would do nothing.
+            raise ValueError(f"rl.rollout_correction.weight_rule={self.weight_rule} weighs tokens: "
+                             f"set rl.rollout_correction.weights=token (got {self.weights!r})")
         if not self.weight_cap > 0:
             raise ValueError(f"rl.rollout_correction.weight_cap must be > 0, got {self.weight_cap}")
+        if self.weight_rule in ("areal", "icepop") and not self.weight_cap > 1:
+            # At C <= 1 rounding alone would zero about half of the on-policy tokens (AReaL's check).
+            raise ValueError(f"rl.rollout_correction.weight_rule={self.weight_rule} needs weight_cap > 1, "
+                             f"got {self.weight_cap}")
+        if not 0 <= self.weight_floor < 1:
+            raise ValueError(f"rl.rollout_correction.weight_floor must be in [0, 1), got {self.weight_floor}")
+        if not self.m2_threshold > 0:
+            raise ValueError(f"rl.rollout_correction.m2_threshold must be > 0, got {self.m2_threshold}")
         if not 0 < self.mask_low <= 1 <= self.mask_high:
             raise ValueError(f"rl.rollout_correction needs 0 < mask_low <= 1 <= mask_high, got "
                              f"mask_low={self.mask_low}, mask_high={self.mask_high}")
@@ -118,6 +152,78 @@ def importance_weights(old_logp, sampler_logp, mask, level: Level, cap: float):
     return jax.lax.stop_gradient(weights), mask & (ratio > cap)
 
 
+def areal_weights(old_logp, sampler_logp, mask, cap: float):
+    """AReaL's cap on the decoupled-PPO weight, `[batch, seq]` ``(weights, zeroed)``:
+    w_t = rho_t where rho_t <= cap, 0 where it is above (``zeroed``); the zeroed tokens stay
+    in the loss's token count.
+
+    AReaL's ``ppo_actor_loss_fn`` (``areal/utils/functional.py``, ``use_decoupled_loss`` with
+    ``behav_imp_weight_cap`` = C; proximal = the trainer's old log-probs, old = the sampler's)::
+
+        behav_imp_weight = exp(proximal_logprobs - old_logprobs)
+        behav_mask = (behav_imp_weight <= C) & loss_mask
+        loss = sum(where(loss_mask, pg_loss * where(behav_mask, behav_imp_weight, 0))) / count(loss_mask)
+
+    Truncation (`importance_weights`) instead gives such a token the weight C.
+    """
+    return _kept_ratio(old_logp, sampler_logp, mask, 0.0, cap)
+
+
+def icepop_weights(old_logp, sampler_logp, mask, low: float, high: float):
+    """IcePop's two-sided window, `[batch, seq]` ``(weights, zeroed)``: w_t = M(rho_t), with
+    M(k) = k for low <= k <= high and 0 outside (``zeroed``, left in the token count).
+
+    Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale
+    Thinking Model" (Ring-1T, arXiv 2510.18855), IcePop:
+    J = E[1/G sum_i 1/|y_i| sum_t M(pi_train(y_t; theta_old) / pi_infer(y_t; theta_old))
+    * min(r_t A, clip(r_t, 1 - eps, 1 + eps) A)], alpha = 0.5 and beta = 5 in its blog.
+    """
+    return _kept_ratio(old_logp, sampler_logp, mask, low, high)
+
+
+def m2po_weights(old_logp, sampler_logp, mask, threshold: float):
+    """M2PO's second-moment mask, `[batch, seq]` ``(weights, zeroed)``: w_t = rho_t M_t, 0 on
+    the tokens M2PO drops (``zeroed``, left in the token count).
+
+    Zheng, Zhao and Chen 2025, "Prosperity before Collapse: How Far Can Off-Policy RL Reach
+    with Stale Data on LLMs?" (arXiv 2510.01161), Algorithm 1, as AReaL implements it
+    (``actor.m2_threshold``): M_{2,t} = (log rho_t)^2; sorted in descending order, the fewest
+    largest are dropped such that the mean of the others is below tau_M2 (all but the smallest
+    when no such count exists); the objective is
+    1 / sum_i |o_i| * sum_{i,t} M_t * pi_theta / pi_behav * A_{i,t}. The batch is the step's
+    loss tokens (all rows). Here pi_theta / pi_behav = r_t rho_t at the step's params, so with
+    one mini-batch the mask is the paper's; with several, the paper recomputes it per
+    mini-batch against the moved policy, this one keeps the step's. (The authors' released
+    code caps the ratios of the tokens whose ratio moves with the advantage instead of
+    masking.)
+    """
+    mask = jnp.asarray(mask).astype(bool)
+    log_rho = log_ratios(old_logp, sampler_logp, mask)
+    second = jnp.where(mask, log_rho ** 2, -1.0).reshape(-1)  # off-mask positions sort last
+    order = jnp.argsort(-second, stable=True)
+    index = jnp.arange(second.size)
+    n = jnp.sum(mask)
+    ranked = jnp.where(index < n, second[order], 0.0)
+    suffix_mean = jnp.cumsum(ranked[::-1])[::-1] / jnp.maximum(n - index, 1)
+    below = (index < n) & (suffix_mean < threshold)
+    dropped = jnp.where(jnp.any(below), jnp.argmax(below), jnp.maximum(n - 1, 0))
+    rank = jnp.zeros_like(index).at[order].set(index).reshape(mask.shape)
+    kept = mask & (rank >= dropped)
+    return jax.lax.stop_gradient(jnp.where(kept, jnp.exp(log_rho), 0.0)), mask & ~kept
+
+
+def _kept_ratio(old_logp, sampler_logp, mask, low: float, high: float):
+    """``(weights, zeroed)``: rho_t on the loss tokens with low <= rho_t <= high (in log space;
+    low = 0 bounds nothing), 0 elsewhere; ``zeroed`` the loss tokens outside."""
+    mask = jnp.asarray(mask).astype(bool)
+    log_rho = log_ratios(old_logp, sampler_logp, mask)
+    inside = log_rho <= math.log(high)
+    if low > 0:
+        inside &= log_rho >= math.log(low)
+    kept = mask & inside
+    return jax.lax.stop_gradient(jnp.where(kept, jnp.exp(log_rho), 0.0)), mask & ~inside
+
+
 def ratio_in_range(old_logp, sampler_logp, mask, level: Level, low: float, high: float):
     """`[batch, seq]` bool: the loss tokens whose ratio at ``level`` lies in [low, high]
     (compared in log space, so a ratio beyond float range is still out)."""
@@ -140,24 +246,37 @@ def apply_correction(correction: RolloutCorrection, advantages, old_logp, sample
         positions); without, the `[batch]` advantages as given.
       mask: `[batch, seq]` bool, the loss mask without the tokens the correction drops.
       metrics: the step's statistics, means over its loss tokens (float32 scalars):
-        ``rollout_correction/weight_mean`` and ``rollout_correction/truncated_frac`` (tokens
-        whose weight the cap cut) with weights, ``rollout_correction/masked_frac`` (tokens
+        ``rollout_correction/weight_mean`` with weights, and ``rollout_correction/truncated_frac``
+        (tokens whose weight the cap cut; "tis") or ``rollout_correction/zeroed_frac`` (tokens
+        the rule gave weight 0; the other rules); ``rollout_correction/masked_frac`` (tokens
         dropped) with a mask.
     """
     mask = jnp.asarray(mask).astype(bool)
     metrics = {}
     if correction.weights != "none":
-        weights, truncated = importance_weights(old_logp, sampler_logp, mask, correction.weights,
-                                                correction.weight_cap)
+        weights, capped = _weights(correction, old_logp, sampler_logp, mask)
         advantages = jnp.asarray(advantages, jnp.float32)[:, None] * weights
         metrics["rollout_correction/weight_mean"] = _mean(weights, mask)
-        metrics["rollout_correction/truncated_frac"] = _mean(truncated, mask)
+        capped_name = "truncated_frac" if correction.weight_rule == "tis" else "zeroed_frac"
+        metrics[f"rollout_correction/{capped_name}"] = _mean(capped, mask)
     if correction.mask != "none":
         kept = ratio_in_range(old_logp, sampler_logp, mask, correction.mask, correction.mask_low,
                               correction.mask_high)
         metrics["rollout_correction/masked_frac"] = _mean(mask & ~kept, mask)
         mask = kept
     return advantages, mask, metrics
+
+
+def _weights(correction: RolloutCorrection, old_logp, sampler_logp, mask):
+    """The weights of ``correction``'s rule and the tokens its cap acted on (truncated by
+    "tis", zeroed by the others), both `[batch, seq]`."""
+    if correction.weight_rule == "areal":
+        return areal_weights(old_logp, sampler_logp, mask, correction.weight_cap)
+    if correction.weight_rule == "icepop":
+        return icepop_weights(old_logp, sampler_logp, mask, correction.weight_floor, correction.weight_cap)
+    if correction.weight_rule == "m2po":
+        return m2po_weights(old_logp, sampler_logp, mask, correction.m2_threshold)
+    return importance_weights(old_logp, sampler_logp, mask, correction.weights, correction.weight_cap)
 
 
 def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jnp.ndarray]:

@@ -21,10 +21,13 @@ A decode step (one token per row) attends in `attend_pages` on CPU: page by page
 longest row, each page of every row gathered into a cache-sized temporary. On a GPU with a
 16-bit cache it attends by a kernel that reads each row's pages where they lie, up to its
 length: cuDNN's paged attention on NVIDIA (`cudnn_attend_pages`), a Pallas Triton kernel on AMD
-(`pallas_pages.pallas_attend_pages`). Elsewhere, and for prefill, each row's whole block table
-is gathered into [B, kv_heads, slots, head_dim] and `attention` runs over it (on a GPU a loop
-of small kernels per page would cost more than the copy). The target device, not the process,
-decides (`target`).
+(`pallas_pages.pallas_attend_pages`). On a TPU the pools are laid out for ragged paged
+attention (`tpu_attention.ragged_attend_pages`), which reads them where they lie too: keys and
+values in one pool, [layers, num_pages, page_size, 2 x kv_heads, head_dim], interleaved on the
+head axis (`interleaved_pages` says when). Elsewhere, and for prefill, each row's whole block
+table is gathered into [B, kv_heads, slots, head_dim] and `attention` runs over it (on a GPU a
+loop of small kernels per page would cost more than the copy). The target device, not the
+process, decides (`target`).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention
 from rstar2_jax.model import target
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.pallas_pages import pallas_attend_pages
+from rstar2_jax.model.tpu_attention import ragged_attend_pages, ragged_kernel_supports
 from rstar2_jax.model.transformer import (
     _cudnn_supports,
     attention,
@@ -57,7 +61,10 @@ log = logging.getLogger(__name__)
 class KVCache:
     """Keys/values of every layer in pages, each row's pages, and how many tokens each row holds.
 
-    k, v         [num_layers, num_pages, num_kv_heads, page_size, head_dim] (keys after RoPE)
+    k, v         [num_layers, num_pages, num_kv_heads, page_size, head_dim] (keys after RoPE);
+                 or k [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], keys and
+                 values interleaved on its head axis (key head i at 2i, value head i at 2i + 1:
+                 ragged paged attention's layout), and v None
     block_table  [batch, pages_per_row] int32: the pages of row b in position order; entries past
                  the row's last page are never read unmasked (any page id will do)
     lengths      [batch] int32: row b holds positions 0 .. lengths[b]-1
@@ -77,8 +84,25 @@ class KVCache:
         return jnp.dtype(self.dtype or self.k.dtype)
 
     @property
+    def interleaved(self) -> bool:
+        """Whether k holds keys and values interleaved (and v is None)."""
+        return self.v is None
+
+    @property
+    def pools(self) -> tuple:
+        """The page pools: (k, v), or (k,) when interleaved."""
+        return (self.k,) if self.interleaved else (self.k, self.v)
+
+    @classmethod
+    def of_pools(cls, pools: tuple, block_table: jax.Array, lengths: jax.Array,
+                 dtype=None) -> KVCache:
+        """A cache over `pools` as `empty_pages` makes them ((k, v) or one interleaved pool)."""
+        k, v = pools if len(pools) == 2 else (pools[0], None)
+        return cls(k=k, v=v, block_table=block_table, lengths=lengths, dtype=dtype)
+
+    @property
     def page_size(self) -> int:
-        return self.k.shape[3]
+        return self.k.shape[2 if self.interleaved else 3]
 
     @property
     def num_pages(self) -> int:
@@ -90,15 +114,33 @@ class KVCache:
         return self.block_table.shape[1] * self.page_size
 
 
-def pool_shape(config: ModelConfig, num_pages: int, page_size: int) -> tuple[int, ...]:
-    """The shape of the key (or value) pool: [layers, num_pages, kv_heads, page_size, head_dim]."""
+def pool_shape(config: ModelConfig, num_pages: int, page_size: int,
+               interleaved: bool = False) -> tuple[int, ...]:
+    """The shape of the key (or value) pool: [layers, num_pages, kv_heads, page_size, head_dim];
+    `interleaved`: of the one pool of both, [layers, num_pages, page_size, 2 * kv_heads,
+    head_dim]."""
+    if interleaved:
+        return (config.num_layers, num_pages, page_size, 2 * config.num_kv_heads, config.head_dim)
     return (config.num_layers, num_pages, config.num_kv_heads, page_size, config.head_dim)
 
 
-def empty_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None):
-    """Zeroed page pools `(k, v)`, each `pool_shape` in `dtype` (default: the model's dtype)."""
-    shape = pool_shape(config, num_pages, page_size)
+def interleaved_pages(config: ModelConfig, dtype=None) -> bool:
+    """Whether a pool of `dtype` (default: the model's) holds keys and values interleaved, for
+    ragged paged attention: for a TPU target (`target.current`) whose kernel takes the model's
+    heads, head dim and `dtype` (`tpu_attention.ragged_kernel_supports`). Other TPU pools are
+    gathered per row."""
+    return target.current().platform == "tpu" and ragged_kernel_supports(
+        config.num_heads, config.num_kv_heads, config.head_dim, dtype or config.jnp_dtype)
+
+
+def empty_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None) -> tuple:
+    """Zeroed page pools in `dtype` (default: the model's dtype) for the target's decode kernel:
+    `(k, v)`, each `pool_shape`, or where `interleaved_pages` `(kv,)`, one pool of both
+    (`KVCache`)."""
     dtype = dtype or config.jnp_dtype
+    if interleaved_pages(config, dtype):
+        return (jnp.zeros(pool_shape(config, num_pages, page_size, True), dtype),)
+    shape = pool_shape(config, num_pages, page_size)
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
@@ -112,7 +154,8 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVC
 def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
                  num_new: jax.Array) -> jax.Array:
     """Scatters new [B, K, T, D] into `layer`'s pages of `pool` at positions lengths ..
-    lengths + T - 1; tokens past `num_new` [B] (pads) and past a row's block table are dropped."""
+    lengths + T - 1 (an interleaved cache's pool: new [B, 2K, T, D], keys and values
+    interleaved); tokens past `num_new` [B] (pads) and past a row's block table are dropped."""
     t = new.shape[2]
     positions = cache.lengths[:, None] + jnp.arange(t)  # [B, T]
     table_width = cache.block_table.shape[1]
@@ -121,11 +164,12 @@ def write_tokens(cache: KVCache, pool: jax.Array, layer, new: jax.Array,
     keep = (jnp.arange(t) < num_new[:, None]) & (positions < cache.max_len)
     page = jnp.where(keep, page, cache.num_pages)[:, None, :]  # out of range: dropped
     offset = (positions % cache.page_size)[:, None, :]
-    heads = jnp.arange(pool.shape[2])[None, :, None]
+    heads = jnp.arange(new.shape[1])[None, :, None]
     new = new.astype(cache.kv_dtype)
     if pool.dtype != new.dtype:  # a pool of bits (`as_bits`)
         new = jax.lax.bitcast_convert_type(new, pool.dtype)
-    return pool.at[layer, page, heads, offset].set(new, mode="drop")
+    index = (layer, page, offset, heads) if cache.interleaved else (layer, page, heads, offset)
+    return pool.at[index].set(new, mode="drop")
 
 
 def as_bits(pool: jax.Array) -> jax.Array:
@@ -155,8 +199,11 @@ def read_pages(pool: jax.Array, layer, table: jax.Array, dtype=None) -> jax.Arra
 
 
 def read_rows(cache: KVCache, pool: jax.Array, layer) -> jax.Array:
-    """Each row's slots [B, K, pages_per_row * page_size, D], gathered from `layer`'s pages."""
+    """Each row's slots [B, K, pages_per_row * page_size, D], gathered from `layer`'s pages (of
+    an interleaved cache's pool: [B, 2K, ...], keys and values interleaved)."""
     pages = read_pages(pool, layer, cache.block_table, cache.kv_dtype)  # [B, W, K, P, D]
+    if cache.interleaved:  # [B, W, P, 2K, D]
+        pages = pages.transpose(0, 1, 3, 2, 4)
     batch, width, heads, page_size, dim = pages.shape
     return pages.transpose(0, 2, 1, 3, 4).reshape(batch, heads, width * page_size, dim)
 
@@ -326,6 +373,14 @@ def forward_cached(params: dict, config: ModelConfig, tokens: jax.Array, cache: 
         pools = {}
 
         def attend(q, k, v):
+            if cache.interleaved:
+                both = jnp.stack([k, v], axis=2).reshape(batch, -1, *k.shape[2:])  # [B, 2K, T, D]
+                pools["k"], pools["v"] = write_tokens(cache, k_pool, layer, both, num_new), None
+                if t == 1:
+                    return ragged_attend_pages(q, pools["k"], layer, cache.block_table,
+                                               cache.lengths + 1)
+                rows = read_rows(cache, pools["k"], layer).astype(q.dtype)
+                return attention(q, rows[:, 0::2], rows[:, 1::2], mask, precision=config.precision)
             pools["k"] = write_tokens(cache, k_pool, layer, k, num_new)
             pools["v"] = write_tokens(cache, v_pool, layer, v, num_new)
             if t == 1 and decode_in_pages():

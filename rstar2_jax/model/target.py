@@ -76,9 +76,12 @@ def current() -> Target:
 
 
 @contextlib.contextmanager
-def compiling_for(device, *, compile_only: bool = False):
+def compiling_for(device, *, compile_only: bool = False, mesh=None):
     """Programs traced inside compile for ``device`` (and run there by default: this is
     `jax.default_device`) with the kernels `describe(device)` calls for; yields the `Target`.
+    With ``mesh`` (a `jax.sharding.Mesh` of ``device``'s kind) of several devices, they are
+    traced under its abstract mesh (`jax.sharding.use_abstract_mesh`): the kernels XLA does not
+    partition (the TPU ones, `tpu_attention`) split their work over it.
 
     ``compile_only``: nothing will run on ``device`` from this process (a deviceless topology's
     device); the kernels' agreement checks are skipped. A device that is not one of this
@@ -90,8 +93,11 @@ def compiling_for(device, *, compile_only: bool = False):
                          "not a device of this process: compile for it with compile_only=True")
     target = describe(device, compile_only)
     token = _CURRENT.set((device, target))
+    several = mesh is not None and mesh.size > 1
     try:
-        with jax.default_device(device):
+        with (jax.default_device(device),
+              jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if several
+              else contextlib.nullcontext()):
             yield target
     finally:
         _CURRENT.reset(token)
@@ -99,18 +105,19 @@ def compiling_for(device, *, compile_only: bool = False):
 
 def compiling_for_mesh(mesh):
     """`compiling_for` the first of this process's devices of ``mesh`` (a
-    `jax.sharding.Mesh`): the devices of a mesh are of one kind."""
-    return compiling_for(mesh.local_devices[0])
+    `jax.sharding.Mesh`: the devices of a mesh are of one kind), under the mesh."""
+    return compiling_for(mesh.local_devices[0], mesh=mesh)
 
 
 def compiling_for_arrays(tree):
     """`compiling_for` the first of this process's devices that hold the first JAX array of
-    ``tree`` (e.g. the params a sampler serves); JAX's default device (no change) for a tree of
-    no JAX array."""
+    ``tree`` (e.g. the params a sampler serves), under its mesh if it has one; JAX's default
+    device (no change) for a tree of no JAX array."""
     arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     if not arrays:
         return contextlib.nullcontext(current())
-    return compiling_for(min(arrays[0].sharding.addressable_devices, key=lambda d: d.id))
+    return compiling_for(min(arrays[0].sharding.addressable_devices, key=lambda d: d.id),
+                         mesh=getattr(arrays[0].sharding, "mesh", None))
 
 
 def _runnable(device) -> bool:

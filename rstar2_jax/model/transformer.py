@@ -37,6 +37,7 @@ from rstar2_jax.model.packed_attention import (
     _ungrouped,
     packed_segments,
 )
+from rstar2_jax.model.tpu_attention import splash_packed_attention
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
         by its causal mask and the sequence lengths, or, for packed rows on Hopper or later,
         the segments' offsets and lengths (scoring each segment only against itself); no
         boolean mask, which would slow its backward pass;
+      - packed rows in bfloat16 on a TPU: splash attention (`tpu_attention`), causal with the
+        segments' ids, forward and backward;
       - a decode step (T = 1) with a mask: `_decode_attention`;
       - other packed rows, on accelerators and on CPU rows longer than `_WHOLE_ROW` tokens:
         `_packed_attention` (packed_attention.py), which computes only the key blocks of
@@ -104,6 +107,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
                 segments is None or where.compile_only
                 or _cudnn_packed_agrees(q.dtype, q.shape[2], k.shape[1], q.shape[3])):
             return _cudnn_causal(q, k, v, lengths, segments)
+        if segments is not None and where.platform == "tpu" and q.dtype == jnp.bfloat16:
+            return splash_packed_attention(q, k, v, segments)
         if segments is not None and not (cpu and q.shape[1] <= _WHOLE_ROW):
             return _packed_attention(q, k, v, segments.ids, segments.bounds, _BLOCK,
                                      1 if cpu else _GROUP, precision)

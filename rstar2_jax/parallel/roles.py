@@ -110,6 +110,7 @@ class ServingCopy:
         mine = [d for d in devices if d.process_index == jax.process_index()]
         self._local = Mesh(np.array(mine).reshape(-1, 1), (FSDP, TP))
         self._serving = named_shardings(self.rollout, param_specs(self.config, self.rollout))
+        self._trained = named_shardings(self.train, param_specs(self.config, self.train))
 
     def __call__(self, params):
         """The sampler's copy of ``params`` (ready: the caller may donate ``params`` next)."""
@@ -120,6 +121,16 @@ class ServingCopy:
                                     is_leaf=lambda s: isinstance(s, PartitionSpec))
             copy = jax.device_put(copy, self._serving)
         return jax.block_until_ready(copy)
+
+    def as_params(self, copy):
+        """``copy`` (one `__call__` made) laid out as the trainer's params, in its own dtype:
+        arrays over every process's training devices, which a checkpoint saves as it saves the
+        params (each host its shards) and `__call__` takes back to the sampler. Each host's
+        shards come from its own copy; every host's copy holds the same values."""
+        if self.rollout is None:
+            return copy  # on the trainer's devices already
+        return jax.tree.map(lambda x, sharding: jax.make_array_from_callback(
+            x.shape, sharding, lambda index: x[index]), copy, self._trained)
 
     def _host_part(self, spec: PartitionSpec, x: jax.Array) -> jax.Array:
         """This host's full copy of ``x`` (spread over its training devices) as an array of its

@@ -16,10 +16,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from rstar2_jax.model import KVCache, ModelConfig, forward
+from rstar2_jax.model.axes import FSDP, TP
 from rstar2_jax.model.params import Param, params_tree
-
-FSDP = "fsdp"
-TP = "tp"
 
 # The params table's logical axes (`rstar2_jax.model.params.PARAMS`) as this mesh's axes.
 _MESH_AXES = {"fsdp": FSDP, "tp": TP, None: None}

@@ -3,20 +3,22 @@
 Synchronous (``rl.max_staleness=0``, the default, `_synchronous`): each step's rollouts come
 from the params it trains; on one process without rollout devices the sampler reads the
 trainer's params directly, no weight copy. Asynchronous (k > 0, `_pipelined`): a sampler thread
-rolls out step s with the policy after update max(start, s - k), from its own copy in the
-serving dtype, while the trainer updates on earlier steps (docs/algorithms.md "Asynchronous
-RL"); with ``mesh.rollout_devices`` the two sides run on disjoint devices and the copy goes
-device to device (`rstar2_jax.parallel.roles`). Both drivers call the same two functions,
-`RLStep.rollout` (the sampler's side) and `RLStep.train` (the trainer's).
+rolls out step s with the policy after update max(first, s - k) (first: the stage's first
+step), from its own copy in the serving dtype, while the trainer updates on earlier steps
+(docs/algorithms.md "Asynchronous RL"); with ``mesh.rollout_devices`` the two sides run on
+disjoint devices and the copy goes device to device (`rstar2_jax.parallel.roles`). Both drivers
+call the same two functions, `RLStep.rollout` (the sampler's side) and `RLStep.train` (the
+trainer's).
 
 The algorithm (`rstar2_jax.algorithms.Algorithm`) is a value: the one ``rl.algorithm`` names, or
-one passed to `run_rl`. A resumed run repeats the uninterrupted one at k = 0; under k > 0 the
-rollouts in flight are not saved, and the first k steps after a resume sample with the resumed
-params.
+one passed to `run_rl`. A resumed run repeats the uninterrupted one: under k > 0 the rollouts
+in flight are not saved, but each checkpoint holds the k policy versions the next k steps
+sample with, and the resume samples them again with those.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -132,7 +134,7 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
                     mesh=config.mesh, checkpoint=config.checkpoint,
                     init_from=config.stage.init_from,
                     reset_optimizer=config.stage.reset_optimizer, precision=config.precision,
-                    progress=progress)
+                    progress=progress, read_versions=config.rl.max_staleness > 0)
     try:
         loop = RLStep(
             config=config, algorithm=algorithm, tokenizer=tokenizer, fmt=fmt,
@@ -175,13 +177,15 @@ def _synchronous(loop: RLStep, run: Run, on_step: Callable[[int, dict], None] | 
 
 
 def _log_step(run: Run, state: TrainState, metrics: dict, on_step: Callable[[int, dict], None] | None,
-              since: float) -> float:
+              since: float, versions: Callable[[], dict] | None = None) -> float:
     """Logs and checkpoints the step ``state`` ends, with ``time/step_s``: the wall time since
     ``since``, the previous step's logging (so a run's step times add up to its wall time).
-    Returns the time this step was logged."""
+    ``versions``: what a checkpoint holds of them (`Run.finish_step`). Returns the time this
+    step was logged."""
     now = time.perf_counter()
     metrics["time/step_s"] = now - since
-    run.finish_step(state, metrics, rng=run.rng, data_position={"step": int(state.step)})
+    run.finish_step(state, metrics, rng=run.rng, data_position={"step": int(state.step)},
+                    versions=versions)
     if on_step is not None:
         on_step(run.step, metrics)
     return now
@@ -190,14 +194,18 @@ def _log_step(run: Run, state: TrainState, metrics: dict, on_step: Callable[[int
 def _pipelined(loop: RLStep, run: Run, on_step: Callable[[int, dict], None] | None, *,
                lag: int) -> None:
     """Runs the run's remaining steps with rollouts ``lag`` (k) updates behind: a sampler thread
-    rolls out step s with the policy after update max(start, s - k) (``start``: the step the
-    run starts or resumes at) while this thread trains on earlier steps' rollouts.
+    rolls out step s with the policy after update max(first, s - k) (``first``: the stage's
+    first step; the resume step when a resumed checkpoint lacks the versions,
+    `_resumed_versions`) while this thread trains on earlier steps' rollouts.
 
     The bound holds by construction: the trainer publishes a copy of each version a later
     step samples with, in the serving dtype, on the sampler's devices (`RLStep.copy`; the train
     step donates its own params), and the sampler waits for it, so it is at most k steps ahead
     and holds at most k + 1 versions; the trainer waits for each step's rollouts. The copy's
-    time is the step's ``time/weight_copy_s``. Each side's waits are its step's
+    time is the step's ``time/weight_copy_s``. This thread keeps the copies of the versions
+    the next k steps sample with (the sampler drops each once it has moved past it), and each
+    checkpoint holds them (`ServingCopy.as_params`), so that a resume samples with them again.
+    Each side's waits are its step's
     ``time/trainer_wait_s`` / ``time/sampler_wait_s``. An exception on either side ends the
     run: the sampler's is raised here once the steps it finished are trained, with a note
     saying where it came from; the trainer's (a Ctrl-C included) stops the sampler before its
@@ -205,38 +213,77 @@ def _pipelined(loop: RLStep, run: Run, on_step: Callable[[int, dict], None] | No
     """
     start, end, since = run.step, run.end_step, time.perf_counter()
     partial = loop.config.rollout.on_weight_update != "finish"  # partial rollouts
+    first, served = _resumed_versions(loop, run, lag)  # version -> the sampler's copy
+    served[start] = loop.copy(run.state.params)
     pipe = _Pipeline()
-    pipe.publish(start, loop.copy(run.state.params))
-    sampler = threading.Thread(target=_sample, args=(loop, pipe, run.rng, start, end, lag),
+    for version, params in served.items():
+        pipe.publish(version, params)
+    sampler = threading.Thread(target=_sample, args=(loop, pipe, run.rng, start, end, lag, first),
                                name="rl-sampler", daemon=True)
     sampler.start()
     try:
         for step in range(start, end):
             rollouts, waited = pipe.take(step)
             state, metrics = loop.train(run.state, rollouts)
+            served = {v: served[v] for v in _wanted(first, step + 1, end, lag)}
+            kept = dict(served)  # what the checkpoint after this step holds
             publish = step + 1 + lag < end  # step + 1 + k samples with this version
             post = partial and step + 1 < end  # the rollouts in flight go on with it
             copied = time.perf_counter()
             if publish or post:
-                served = loop.copy(state.params)
+                copy = loop.copy(state.params)
                 if publish:
-                    pipe.publish(step + 1, served)
+                    pipe.publish(step + 1, copy)
+                    served[step + 1] = copy
                 if post:
-                    loop.sampler.update_weights(served, step + 1)
+                    loop.sampler.update_weights(copy, step + 1)
             metrics["time/weight_copy_s"] = time.perf_counter() - copied
             metrics["time/trainer_wait_s"] = waited
-            since = _log_step(run, state, metrics, on_step, since)
+            since = _log_step(run, state, metrics, on_step, since,
+                              versions=functools.partial(_saved, loop.copy, kept))
     finally:
         pipe.close()
         sampler.join()
 
 
-def _sample(loop: RLStep, pipe: _Pipeline, rng: jax.Array, start: int, end: int, lag: int) -> None:
-    """The sampler thread of `_pipelined`: steps ``start .. end - 1`` in order."""
+def _resumed_versions(loop: RLStep, run: Run, lag: int) -> tuple[int, dict[int, object]]:
+    """(the first version the run's steps sample with, the sampler's copies of the versions
+    before ``run.step`` that steps ``run.step .. run.step + k - 1`` sample with): on a resume,
+    the stage's first step and the checkpoint's versions; without them in the checkpoint, a
+    warning, and the resume step and none (those steps sample with the resumed params)."""
+    start, restored = run.step, run.versions
+    run.versions = {}  # the copies replace them: training devices' memory
+    wanted = _wanted(run.start_step, start, run.end_step, lag)
+    if not wanted <= restored.keys():
+        log.warning("checkpoint step %d holds no copy of policy version(s) %s, which steps %d-%d "
+                    "sample with at rl.max_staleness=%d (a checkpoint of a finished stage, of an "
+                    "older version of this program or of a run with a smaller rl.max_staleness): "
+                    "they sample with the resumed params, and the run differs from here from one "
+                    "that never stopped", start, ", ".join(map(str, sorted(wanted))), start + 1,
+                    min(start + lag, run.end_step), lag)
+        return start, {}
+    return run.start_step, {v: loop.copy(restored[v]) for v in sorted(wanted)}
+
+
+def _wanted(first: int, step: int, end: int, lag: int) -> set[int]:
+    """The versions before ``step`` that steps ``step .. step + lag - 1`` (those before ``end``)
+    sample with, the first of them ``first``."""
+    return {max(first, s - lag) for s in range(step, min(step + lag, end))} - {step}
+
+
+def _saved(copy: ServingCopy, versions: dict[int, object]) -> dict[int, object]:
+    """The sampler's copies ``versions`` as a checkpoint holds them (`ServingCopy.as_params`)."""
+    return {v: copy.as_params(params) for v, params in versions.items()}
+
+
+def _sample(loop: RLStep, pipe: _Pipeline, rng: jax.Array, start: int, end: int, lag: int,
+            first: int) -> None:
+    """The sampler thread of `_pipelined`: steps ``start .. end - 1`` in order, step s with
+    version max(first, s - lag)."""
     step = start
     try:
         for step in range(start, end):
-            version = max(start, step - lag)
+            version = max(first, step - lag)
             params, waited = pipe.params(version)
             rollouts = loop.rollout(params, step, rng, version, stop=pipe.stopped)
             del params  # the next step may serve a newer version; this one can go

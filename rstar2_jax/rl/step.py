@@ -49,7 +49,9 @@ class RLStep:
     pad_id: int
     copy: ServingCopy  # the trainer's params -> the sampler's
     hosts: StepExchange = dataclasses.field(default_factory=StepExchange)
-    checked_mismatch: bool = False  # the first update of this process's run checks the gap
+    # The first update of this process's run whose rollouts the trained params sampled checks
+    # the sampler/trainer gap.
+    checked_mismatch: bool = False
 
     def rollout(self, params, step: int, rng: jax.Array, version: int,
                 stop: threading.Event | None = None) -> StepRollouts:
@@ -97,19 +99,22 @@ class RLStep:
         many steps): returns the new state and the step's metrics, the staleness of the trained
         tokens among them (updates between the policy that sampled a token and this one)."""
         step, metrics = rollouts.step, dict(rollouts.metrics)
+        count, total, oldest = rollouts.versions.T
         start = time.perf_counter()
         # -- 5. Update: proximal log-probs, rollout correction, the algorithm's loss, optax ----
         if rollouts.batch is not None:
-            check = None if self.checked_mismatch else mismatch_check(self.config)
+            # The guard reads the gap of rollouts these params sampled: staleness adds its own.
+            check = None
+            if not self.checked_mismatch and oldest.min() == step:
+                check = mismatch_check(self.config)
             state, update_metrics = self.update(state, rollouts.batch, check=check)
-            self.checked_mismatch = True
+            self.checked_mismatch |= check is not None
             metrics |= update_metrics
         else:
             log.warning("RL step %d: the selection kept no rollout to train on (every group's "
                         "rewards were equal); no update", step + 1)
         metrics["time/update_s"] = time.perf_counter() - start
         metrics["perf/update_tokens_per_s"] = metrics.get("tokens", 0.0) / metrics["time/update_s"]
-        count, total, oldest = rollouts.versions.T
         metrics |= {"staleness/mean": float(step - total.sum() / count.sum()),
                     "staleness/max": float(step - oldest.min())}
         # The state's step counts RL steps (one may take several optimizer updates, or none).

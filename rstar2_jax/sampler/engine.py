@@ -127,14 +127,14 @@ def decode_chunk(params, pages, block_table, lengths, pending, active, budget, k
                  min_stops, *, config, sampling, chunk, forward_fn):
     """Up to `chunk` decode steps of the `active` rows.
 
-    pages: the pools `(k, v)` (donated); block_table [slots, W] int32; lengths, pending, budget
-    [slots] int32; active [slots] bool; keys [slots, 2] uint32 (see `Engine`).
+    pages: the pools as `empty_pages` makes them (donated); block_table [slots, W] int32;
+    lengths, pending, budget [slots] int32; active [slots] bool; keys [slots, 2] uint32 (see
+    `Engine`).
     Returns the updated pools and a `ChunkOutput`.
     """
     num_slots = pending.shape[0]
     rows = jnp.arange(num_slots)
-    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths,
-                    dtype=config.jnp_dtype)
+    cache = KVCache.of_pools(pages, block_table, lengths, config.jnp_dtype)
     out = ChunkOutput(
         tokens=jnp.zeros((num_slots, chunk), jnp.int32),
         logprobs=jnp.zeros((num_slots, chunk), jnp.float32),
@@ -166,7 +166,7 @@ def decode_chunk(params, pages, block_table, lengths, pending, active, budget, k
 
     _, cache, *_, out = jax.lax.while_loop(
         cond, body, (jnp.int32(0), cache, pending, active, budget, out))
-    return (cache.k, cache.v), out
+    return cache.pools, out
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -179,10 +179,9 @@ def _empty_pool(config, num_pages, page_size):
 def prefill(params, pages, block_table, lengths, tokens, num_new, *, config, forward_fn):
     """Writes `tokens` [rows, T] (`num_new` [rows] real) after each row's `lengths` into its
     pages; returns the updated pools."""
-    cache = KVCache(k=pages[0], v=pages[1], block_table=block_table, lengths=lengths,
-                    dtype=config.jnp_dtype)
+    cache = KVCache.of_pools(pages, block_table, lengths, config.jnp_dtype)
     _, cache = forward_fn(params, config, tokens, cache, num_new=num_new, last_only=True)
-    return cache.k, cache.v
+    return cache.pools
 
 
 @dataclasses.dataclass

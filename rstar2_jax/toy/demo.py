@@ -17,8 +17,9 @@ final policy. The demonstrations are deliberately imperfect (some answer from a 
 estimate, some make a tool call that fails before the right one, see
 ``rstar2_jax.toy.sft_data``), so the SFT policy leaves RL something to improve; the summary
 compares the two policies on held-out problems. Running the job again with the same ``out``
-resumes SFT and RL from their newest checkpoints (every ``SFT_CHECKPOINT_EVERY`` /
-``RL_CHECKPOINT_EVERY`` steps and at the end). docs/toy.md has the measured figures.
+resumes SFT and RL from their newest checkpoints (every ``sft.checkpoint.every`` SFT steps,
+``SFT_CHECKPOINT_EVERY`` by default, every ``RL_CHECKPOINT_EVERY`` RL steps, and at the end).
+docs/toy.md has the measured figures.
 """
 from __future__ import annotations
 
@@ -65,6 +66,45 @@ class ToyModel:
     head_dim: int = 16
 
 
+# Checkpoint intervals, in steps: about a minute of the main job's SFT (0.3 s a step on 2 cores)
+# and of its RL (20-30 s a step), so Ctrl-C or a killed job loses at most that; a save holds a
+# step for about 0.1 s at the main job's size (experiments/benchmarks/bench_checkpoint.py).
+SFT_CHECKPOINT_EVERY = 200
+RL_CHECKPOINT_EVERY = 2
+
+# The settings of DemoConfig's job configs that the demo derives itself (`sft_config`,
+# `rl_config`) -> what to set instead. They stay as `demo_sft` and `demo_stage` leave them;
+# another value is an error, never silently replaced.
+DERIVED = {
+    "sft.model": "the model is a random toy model: set its shape in `model`",
+    "sft.data": "the demonstrations are built from `data` under `out`",
+    "sft.run_dir": "SFT runs in <out>/sft: set `out`",
+    "sft.seq_len": "it is the longest demonstration's length (sft_seq_len): change `data`",
+    "sft.seed": "set `seed` (it seeds SFT, RL and the evaluation)",
+    "sft.precision": "set `precision` (SFT's and RL's)",
+    "stage.dataset": "RL trains on the toy problems built from `data` under `out`",
+}
+
+
+def demo_sft(**settings) -> SFTConfig:
+    """An `SFTConfig` for `DemoConfig.sft`: ``settings`` over the demo's checkpoints (every
+    `SFT_CHECKPOINT_EVERY` steps, the newest kept) and mesh (one device), the `DERIVED` fields
+    unset (the demo fills them in)."""
+    return SFTConfig(**{"model": ModelSource(path="", chat_format="toy"), "data": "", "run_dir": "",
+                        "checkpoint": CheckpointConfig(every=SFT_CHECKPOINT_EVERY, keep=1),
+                        "mesh": MeshConfig(fsdp=1)} | settings)
+
+
+def demo_stage(**settings) -> StageConfig:
+    """A `StageConfig` for `DemoConfig.stage`: ``settings`` (``steps`` at least) over the name
+    ``toy``, ``dataset`` unset (the demo fills it in)."""
+    return StageConfig(**{"name": "toy", "dataset": ""} | settings)
+
+
+# Sections whose DERIVED fields hold the values a DemoConfig must leave them at.
+_UNSET = {"sft": demo_sft(), "stage": demo_stage(steps=1)}
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Everything the main job does; the defaults are the toy run measured in docs/toy.md.
@@ -74,15 +114,20 @@ class DemoConfig:
       seed: seeds the model init, SFT order, RL sampling and evaluation.
       data: toy problems and demonstrations.
       model: the toy model's shape.
-      sft_epochs, sft_batch_size, sft_optimizer, sft_packed: supervised fine-tuning; the sequence
-        length is the longest demonstration's (see ``sft_seq_len``), never a constant; packed
-        batches as ``SFTConfig.packed`` (RL's: ``rl.packed``).
-      rl, rl_steps, rl_optimizer, rollout: GRPO-RoC (``rollout``'s tool-output rendering and
-        ``tool_session`` must match ``data``'s, so that RL shows the model what SFT showed it).
+      sft: the supervised fine-tuning job (``sft.epochs``, ``sft.batch_size``,
+        ``sft.optimizer``, ``sft.packed``, ``sft.digit_loss_weight``, ``sft.checkpoint``, ...).
+        The demo sets its ``model``, ``data``, ``run_dir``, ``seq_len`` (the longest
+        demonstration's, see ``sft_seq_len``, never a constant), ``seed`` and ``precision``
+        itself; setting one of them here is an error (`DERIVED` names the field to use).
+      rl, rl_optimizer, rollout: GRPO-RoC, its optimizer (``RLJobConfig.optimizer``) and the
+        rollouts (``rollout``'s tool-output rendering and ``tool_session`` must match
+        ``data``'s, so that RL shows the model what SFT showed it).
+      stage: the RL stage: ``stage.steps``, and ``stage.max_turns`` and
+        ``stage.max_response_tokens``, the rollout limits of RL and evaluation alike (see
+        `limits`); ``stage.dataset`` is the toy's training problems (setting it is an error).
       precision: the precision policy of SFT and RL (``precision.compute=bfloat16`` trains
         with bfloat16 compute and float32 master weights, as on an accelerator); the evaluation
         serves the exported float32 weights under either policy.
-      max_turns, max_response_tokens: rollout limits, for RL and evaluation alike.
       eval_problems, eval_samples, eval_temperature: the held-out evaluation (paper: 16 samples
         at temperature 0.6); pass@1 is averaged over the samples, pass@k is unbiased.
     """
@@ -94,26 +139,22 @@ class DemoConfig:
     # Copying the question's numbers into the program is the slow skill: the SFT loss sits at a
     # plateau (format learned, digits guessed) for ~450 steps at this learning rate, then drops.
     # 20 epochs leave ~700 steps after the escape to improve the copying.
-    sft_epochs: int = 20
-    sft_batch_size: int = 16
-    sft_digit_loss_weight: float = 5.0
-    sft_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
-        lr=3e-3, schedule="constant", warmup_steps=10, weight_decay=0.0))
-    sft_packed: bool = True
+    sft: SFTConfig = field(default_factory=lambda: demo_sft(
+        epochs=20, batch_size=16, digit_loss_weight=5.0,
+        optimizer=OptimizerConfig(lr=3e-3, schedule="constant", warmup_steps=10, weight_decay=0.0)))
     # Sampled at the evaluation temperature, not the paper's 1.0: at 1.0 the tiny model miscopies
     # so many digits that few groups hold a right answer, and RL gains nothing in 12 steps.
     # 32 questions a step: with 16, RoC kept 1-7 groups a step and a weak SFT policy drifted.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         questions_per_step=32, rollouts_per_question=8, group_size=4, temperature=0.6,
         max_prompt_tokens=64))
-    rl_steps: int = 40
+    stage: StageConfig = field(default_factory=lambda: demo_stage(
+        steps=40, max_turns=4, max_response_tokens=320))
     rl_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=1e-3, warmup_steps=2, weight_decay=0.0))
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(
         num_slots=64, chunk=32, show_tool_time=False, sandbox=SandboxConfig(timeout_s=2.0)))
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    max_turns: int = 4
-    max_response_tokens: int = 320
     eval_problems: int = 64
     eval_samples: int = 8
     eval_temperature: float = 0.6
@@ -127,14 +168,15 @@ class DemoConfig:
             out=out, data=ToyDataConfig(n_train=64, n_test=8, n_sft=32, vocab_size=400),
             model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16),
-            sft_epochs=2, sft_batch_size=8,
-            sft_optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0),
+            sft=demo_sft(epochs=2, batch_size=8, digit_loss_weight=5.0,
+                         optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0)),
             rl=RLConfig(questions_per_step=4, rollouts_per_question=4, group_size=2,
                         max_prompt_tokens=128),
-            rl_steps=2, rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
+            stage=demo_stage(steps=2, max_turns=2, max_response_tokens=256),
+            rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
             rollout=RolloutSettings(num_slots=16, chunk=16, show_tool_time=False,
                                     sandbox=SandboxConfig(timeout_s=2.0), sandbox_workers=1),
-            max_turns=2, max_response_tokens=256, eval_problems=4, eval_samples=2)
+            eval_problems=4, eval_samples=2)
 
     @classmethod
     def tiny(cls, out: str = "runs/demo_tiny") -> DemoConfig:
@@ -155,22 +197,28 @@ class DemoConfig:
                                         mix=DemoMix(tool=0.5, first_call_error=0.0, no_tool=0.5)),
             model=ToyModel(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16),
-            sft_epochs=30, sft_batch_size=8,
-            sft_optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0),
+            sft=demo_sft(epochs=30, batch_size=8, digit_loss_weight=5.0,
+                         optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.0)),
             rl=RLConfig(questions_per_step=8, rollouts_per_question=4, group_size=2,
                         temperature=0.6, max_prompt_tokens=64),
-            rl_steps=4, rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
+            stage=demo_stage(steps=4, max_turns=2, max_response_tokens=160),
+            rl_optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0),
             rollout=RolloutSettings(num_slots=32, chunk=16, show_tool_time=False,
                                     sandbox=SandboxConfig(timeout_s=2.0), sandbox_workers=1),
-            max_turns=2, max_response_tokens=160, eval_problems=8, eval_samples=4)
+            eval_problems=8, eval_samples=4)
 
     @property
     def limits(self) -> RolloutLimits:
         """Turn and token limits of every rollout, in RL and evaluation."""
-        return RolloutLimits(max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+        return RolloutLimits(max_turns=self.stage.max_turns,
+                             max_response_tokens=self.stage.max_response_tokens,
                              max_prompt_tokens=self.rl.max_prompt_tokens)
 
     def __post_init__(self):
+        for key, use in DERIVED.items():
+            section, name = key.split(".")
+            if getattr(getattr(self, section), name) != getattr(_UNSET[section], name):
+                raise ValueError(f"{key} is set by the demo itself; {use}")
         if (self.rollout.tool_response_chars, self.rollout.show_tool_time, self.rollout.tool_session) != (
                 self.data.tool_response_chars, self.data.show_tool_time, self.data.tool_session):
             raise ValueError(
@@ -183,8 +231,8 @@ class DemoConfig:
         if self.rl.questions_per_step > self.data.n_train:
             raise ValueError(f"rl.questions_per_step={self.rl.questions_per_step} exceeds the "
                              f"data.n_train={self.data.n_train} training problems")
-        if self.eval_samples < 1 or self.rl_steps < 1 or self.sft_epochs < 1:
-            raise ValueError("eval_samples, rl_steps and sft_epochs must be >= 1")
+        if self.eval_samples < 1:
+            raise ValueError(f"eval_samples must be >= 1, got {self.eval_samples}")
 
 
 @dataclass(frozen=True)
@@ -260,29 +308,20 @@ def sft_seq_len(examples: Conversations, max_len: int) -> int:
     return min(-(-longest // 16) * 16, max_len)
 
 
-# Checkpoint intervals, in steps: about a minute of the main job's SFT (0.3 s a step on 2 cores)
-# and of its RL (20-30 s a step), so Ctrl-C or a killed job loses at most that; a save holds a
-# step for about 0.1 s at the main job's size (experiments/benchmarks/bench_checkpoint.py).
-SFT_CHECKPOINT_EVERY = 200
-RL_CHECKPOINT_EVERY = 2
-
-
 def sft_config(cfg: DemoConfig, out: Path, seq_len: int) -> SFTConfig:
-    return SFTConfig(
-        model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
+    """``cfg.sft`` with the settings the demo derives (`DERIVED`) filled in."""
+    return dataclasses.replace(
+        cfg.sft, model=ModelSource(path=str(out / "init_model"), chat_format="toy"),
         data=str(out / "data" / "sft.jsonl"), run_dir=str(out / "sft"), seq_len=seq_len,
-        batch_size=cfg.sft_batch_size, epochs=cfg.sft_epochs, seed=cfg.seed, packed=cfg.sft_packed,
-        digit_loss_weight=cfg.sft_digit_loss_weight, precision=cfg.precision,
-        optimizer=cfg.sft_optimizer, checkpoint=CheckpointConfig(every=SFT_CHECKPOINT_EVERY, keep=1),
-        mesh=MeshConfig(fsdp=1))
+        seed=cfg.seed, precision=cfg.precision)
 
 
 def rl_config(cfg: DemoConfig, out: Path, name: str) -> RLJobConfig:
+    """The RL job of ``cfg`` in run directory ``<out>/<name>``, from ``<out>/sft_model``."""
     return RLJobConfig(
         model=ModelSource(path=str(out / "sft_model"), chat_format="toy"),
         run_dir=str(out / name), seed=cfg.seed, rl=cfg.rl,
-        stage=StageConfig(name="toy", steps=cfg.rl_steps, dataset=str(out / "data" / "train.jsonl"),
-                          max_response_tokens=cfg.max_response_tokens, max_turns=cfg.max_turns),
+        stage=dataclasses.replace(cfg.stage, dataset=str(out / "data" / "train.jsonl")),
         precision=cfg.precision, optimizer=cfg.rl_optimizer,
         checkpoint=CheckpointConfig(every=RL_CHECKPOINT_EVERY, keep=1), mesh=MeshConfig(fsdp=1),
         rollout=cfg.rollout)
@@ -400,14 +439,14 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, progress: bool = True) -> DemoSu
             print(f"  {name}: {compiles[name].summary()}", flush=True)
 
     with CompileCounter() as counter, RolloutRuntime(cfg.rollout) as runtime:
-        with phase("sft", f"toy data, a random model, supervised fine-tuning ({cfg.sft_epochs} epochs)"):
+        with phase("sft", f"toy data, a random model, supervised fine-tuning ({cfg.sft.epochs} epochs)"):
             train_sft_policy(cfg, runtime.sandbox, progress=progress)
         with phase("eval_sft", f"{cfg.eval_problems} held-out problems x {cfg.eval_samples} samples"):
             evaluator = Evaluator(cfg, runtime)
             after_sft = evaluator(out / "sft_model", out / "eval_sft.jsonl")
         if progress:
             print(f"  after SFT: {after_sft.summary()}", flush=True)
-        with phase("rl", f"RL with {cfg.rl.algorithm}, {cfg.rl_steps} steps"):
+        with phase("rl", f"RL with {cfg.rl.algorithm}, {cfg.stage.steps} steps"):
             final = train_rl_policy(cfg, "rl", runtime, progress=progress)
         with phase("eval_rl", "the same evaluation of the RL policy"):
             after_rl = evaluator(final, out / "eval_rl.jsonl")

@@ -55,10 +55,15 @@ from rstar2_jax.train.metrics import read_metrics
 ERROR_RATIO = "tools/error_ratio_positives"
 # Per-step metrics every result file carries, null in the steps where they were not measured.
 TRACKED = tuple(key for key, _ in RL_PANELS) + ("rollouts/positives",)
-# The DemoConfig fields that decide the SFT policy of a seed and its evaluation.
-_SFT_FIELDS = ("data", "model", "sft_epochs", "sft_batch_size", "sft_digit_loss_weight",
-               "sft_optimizer", "rollout", "max_turns", "max_response_tokens", "eval_problems",
-               "eval_samples", "eval_temperature")
+# The DemoConfig settings (dotted: one field of a section) that decide the SFT policy of a seed
+# and its evaluation.
+_SFT_FIELDS = ("data", "model", "sft", "rollout", "stage.max_turns", "stage.max_response_tokens",
+               "eval_problems", "eval_samples", "eval_temperature")
+# Results saved before DemoConfig held the job configs name their settings so: old -> new key.
+_RENAMED = {"sft_epochs": "sft.epochs", "sft_batch_size": "sft.batch_size",
+            "sft_digit_loss_weight": "sft.digit_loss_weight", "sft_optimizer": "sft.optimizer",
+            "sft_packed": "sft.packed", "rl_steps": "stage.steps", "max_turns": "stage.max_turns",
+            "max_response_tokens": "stage.max_response_tokens"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class Arm:
       max_staleness: the arm's ``rl.max_staleness`` (0, synchronous, by default): its
         rollouts come from the policy that many updates back (docs/algorithms.md,
         "Asynchronous RL").
+      mini_batches, lr: the arm's ``rl.mini_batches`` (optimizer updates per step; more than
+        one lets the clip act) and RL learning rate; None (the default) keeps ``demo``'s.
     """
 
     algorithm: str = "grpo_roc"
@@ -82,12 +89,18 @@ class Arm:
     label: str = ""
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     max_staleness: int = 0
+    mini_batches: int | None = None
+    lr: float | None = None
 
     def __post_init__(self):
         if self.oversample < 1:
             raise ValueError(f"oversample must be >= 1, got {self.oversample}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.mini_batches is not None and self.mini_batches < 1:
+            raise ValueError(f"mini_batches must be >= 1, got {self.mini_batches}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         resolve_algorithm(self.algorithm)  # a ValueError naming it, before anything runs
 
 
@@ -103,8 +116,8 @@ def testbed_demo() -> DemoConfig:
     budget that fits the longest demonstrated solution (a typo, the failing natural program,
     the right one): an err-then-fix rollout cut by the budget would score 0, and the budget, not
     the algorithm, would remove it."""
-    return DemoConfig(data=ToyDataConfig(n_train=2000, n_test=100, kinds=list(TESTBED_KINDS)),
-                      max_response_tokens=RESPONSE_TOKENS)
+    demo = DemoConfig(data=ToyDataConfig(n_train=2000, n_test=100, kinds=list(TESTBED_KINDS)))
+    return dataclasses.replace(demo, stage=dataclasses.replace(demo.stage, max_response_tokens=RESPONSE_TOKENS))
 
 
 def paper_arms() -> dict[str, Arm]:
@@ -166,13 +179,15 @@ class TestbedConfig:
 
     def arm_config(self, seed: int, name: str) -> DemoConfig:
         """``seed_config(seed)`` with arm ``name``'s algorithm, rollouts per question, rollout
-        correction and staleness."""
+        correction, staleness, and its mini-batches and learning rate where it sets them."""
         arm, base = self.arms[name], self.seed_config(seed)
         rl = dataclasses.replace(base.rl, algorithm=arm.algorithm,
                                  rollouts_per_question=arm.oversample * base.rl.group_size,
                                  rollout_correction=arm.rollout_correction,
-                                 max_staleness=arm.max_staleness)
-        return dataclasses.replace(base, rl=rl)
+                                 max_staleness=arm.max_staleness,
+                                 mini_batches=arm.mini_batches or base.rl.mini_batches)
+        return dataclasses.replace(base, rl=rl, rl_optimizer=dataclasses.replace(
+            base.rl_optimizer, lr=arm.lr or base.rl_optimizer.lr))
 
     def label(self, name: str) -> str:
         return self.arms[name].label or name
@@ -189,8 +204,30 @@ def samples_path(cfg: TestbedConfig, arm: str, seed: int) -> Path:
 
 
 def _settings(demo: DemoConfig, fields: Sequence[str] | None = None) -> dict:
+    """``demo``'s settings but ``out``, as nested dicts; only ``fields`` (a name, or a dotted
+    ``section.name``) where given."""
     values = config_to_dict(demo)
-    return {k: v for k, v in values.items() if k not in ("out",) and (fields is None or k in fields)}
+    values.pop("out")
+    if fields is None:
+        return values
+    chosen: dict = {}
+    for key in fields:
+        section, _, name = key.rpartition(".")
+        source, target = values, chosen
+        for part in filter(None, section.split(".")):
+            source, target = source[part], target.setdefault(part, {})
+        target[name] = source[name]
+    return chosen
+
+
+def _renamed(saved: dict) -> dict:
+    """Settings saved under the old names (`_RENAMED`) under the new ones."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in saved.items() if k not in _RENAMED}
+    for old, new in _RENAMED.items():
+        if old in saved:
+            section, name = new.split(".")
+            out.setdefault(section, {})[name] = saved[old]
+    return out
 
 
 def _run_settings(cfg: TestbedConfig, name: str, seed: int) -> dict:
@@ -206,7 +243,7 @@ def _read_result(path: Path, settings: dict) -> dict | None:
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
-    changed = sorted(_differences(result["settings"], settings, _settings(DemoConfig())))
+    changed = sorted(_differences(_renamed(result["settings"]), settings, _settings(DemoConfig())))
     if changed:
         raise ValueError(f"{path} was made with other settings (differing: {', '.join(changed)}); "
                          "use another out directory or delete the result to redo it")
@@ -259,7 +296,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
             if _read_result(result_path(out, "sft", seed), sft_settings) is None:
                 start = time.perf_counter()
                 if not (Path(seed_cfg.out) / "sft_model").is_dir():
-                    say(f"seed {seed}: SFT ({seed_cfg.sft_epochs} epochs)", flush=True)
+                    say(f"seed {seed}: SFT ({seed_cfg.sft.epochs} epochs)", flush=True)
                     train_sft_policy(seed_cfg, runtime.sandbox, progress=progress)
                 sft_s = time.perf_counter() - start
                 evaluator = Evaluator(seed_cfg, runtime)
@@ -275,7 +312,7 @@ def run_testbed(cfg: TestbedConfig, *, progress: bool = True) -> dict:
                 settings = _run_settings(cfg, name, seed)
                 if _read_result(path, settings) is not None:
                     continue
-                say(f"seed {seed}, {name}: {arm_cfg.rl_steps} RL steps with {arm_cfg.rl.algorithm}, "
+                say(f"seed {seed}, {name}: {arm_cfg.stage.steps} RL steps with {arm_cfg.rl.algorithm}, "
                     f"{arm_cfg.rl.rollouts_per_question} rollouts per question", flush=True)
                 start = time.perf_counter()
                 model = train_rl_policy(arm_cfg, f"rl/{name}", runtime, progress=progress)

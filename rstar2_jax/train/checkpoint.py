@@ -7,6 +7,12 @@ A checkpoint at step s is a directory ``<run>/checkpoints/<s>/`` with three item
     meta       JSON: step, RNG key data, data position, the job (its config's class), the job
                config, the model config and a fingerprint of every array
 
+and, in an asynchronous RL run's (``rl.max_staleness`` k > 0), a fourth:
+
+    versions   the policy versions steps s .. s + k - 1 sample with (versions s - k .. s - 1:
+               params in the serving dtype, laid out as the params), which a resume serves
+               again so that it repeats the run that never stopped
+
 Orbax writes each step to a temporary directory and renames it when complete, so a process
 killed mid-save leaves no half-written step behind. That does not catch a finished checkpoint
 whose files were later damaged: orbax happily reads a flipped bit back as a wrong weight. The
@@ -53,6 +59,7 @@ class Restored:
     data_position: Any  # JSON, as given to `save`
     job_config: dict
     model_config: ModelConfig
+    versions: dict[int, Any] = dataclasses.field(default_factory=dict)  # read with read_versions
 
 
 class CorruptCheckpointError(ModelError):
@@ -147,9 +154,14 @@ def _fingerprints(tree):
 
 
 def _fingerprint_dict(tree) -> dict[str, int]:
-    values = jax.device_get(_fingerprints(tree))
-    return {jax.tree_util.keystr(path): int(v)
-            for path, v in jax.tree_util.tree_flatten_with_path(values)[0]}
+    # The leaves go in as a list: a tree keyed by version numbers ({"3": params}, then
+    # {"5": params}) would otherwise be a new tree structure, and a new program, every save.
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not flat:
+        return {}
+    paths, leaves = zip(*flat)
+    values = jax.device_get(_fingerprints(list(leaves)))
+    return {jax.tree_util.keystr(path): int(v) for path, v in zip(paths, values, strict=True)}
 
 
 def _abstract(tree):
@@ -173,10 +185,16 @@ class Checkpointer:
         return step % self.config.every == 0
 
     def save(self, state: TrainState, *, rng: jax.Array, data_position: Any, job_config: dict,
-             model_config: ModelConfig, job: str | None = None) -> None:
+             model_config: ModelConfig, job: str | None = None,
+             versions: dict[int, Any] | None = None) -> None:
         """Writes a checkpoint for ``state.step`` (asynchronously; see :meth:`wait`). ``job``:
-        the job config's class, which a resume must match (`RunFingerprint`)."""
+        the job config's class, which a resume must match (`RunFingerprint`). ``versions``:
+        policy version -> params (one dtype, laid out as ``state.params``), saved as the item
+        ``versions`` when there are any."""
         step = int(state.step)
+        items = {"params": state.params, "opt_state": state.opt_state}
+        if versions:
+            items["versions"] = {str(v): params for v, params in versions.items()}
         meta = {
             "step": step,
             "job": job,
@@ -185,20 +203,23 @@ class Checkpointer:
             "data_position": data_position,
             "job_config": job_config,
             "model_config": dataclasses.asdict(model_config),
-            "fingerprints": {"params": _fingerprint_dict(state.params),
-                             "opt_state": _fingerprint_dict(state.opt_state)},
+            "fingerprints": {name: _fingerprint_dict(tree) for name, tree in items.items()},
         }
+        if versions:
+            meta["versions"] = {"numbers": sorted(versions),
+                                "dtype": jnp.dtype(jax.tree.leaves(versions)[0].dtype).name}
         self._manager.save(step, force=True, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            opt_state=ocp.args.StandardSave(state.opt_state),
-            meta=ocp.args.JsonSave(meta)))
+            meta=ocp.args.JsonSave(meta),
+            **{name: ocp.args.StandardSave(tree) for name, tree in items.items()}))
 
     def restore_latest(self, like: TrainState, *, params_only: bool = False,
-                       expect: RunFingerprint | None = None) -> Restored | None:
+                       expect: RunFingerprint | None = None,
+                       read_versions: bool = False) -> Restored | None:
         """The newest readable checkpoint, restored with the shapes and shardings of ``like``.
 
         ``like`` may hold arrays or ``jax.ShapeDtypeStruct``s with shardings. With
-        ``params_only`` the optimizer state of ``like`` is kept (an optimizer reset).
+        ``params_only`` the optimizer state of ``like`` is kept (an optimizer reset). With
+        ``read_versions``, the policy versions it holds too (`restore`).
         ``expect``: the resuming job's fingerprint; checkpoints of another job or model raise
         RunMismatchError before anything is read or moved. Checkpoints proven damaged are
         reported, moved to ``corrupt-<step>`` and skipped; CorruptCheckpointError when none is
@@ -212,7 +233,8 @@ class Checkpointer:
                 if expect is not None:
                     expect.check(RunFingerprint.of(self.read_meta(step)),
                                  f"checkpoint step {step} in {self.directory}")
-                return self.restore(step, like, params_only=params_only)
+                return self.restore(step, like, params_only=params_only,
+                                    read_versions=read_versions)
             except (RunMismatchError, CheckpointDtypeError):
                 raise
             except Exception as e:  # noqa: BLE001 - sorted into damage and anything else
@@ -239,11 +261,15 @@ class Checkpointer:
         """The JSON metadata of checkpoint ``step``."""
         return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-    def restore(self, step: int, like: TrainState, *, params_only: bool = False) -> Restored:
+    def restore(self, step: int, like: TrainState, *, params_only: bool = False,
+                read_versions: bool = False) -> Restored:
         """Checkpoint ``step`` exactly (no fallback); raises if it is unreadable or damaged, and
         CheckpointDtypeError if its params are stored in another dtype than ``like``'s (orbax
-        would convert them, and the converted arrays would then fail their fingerprints)."""
-        saved = self.read_meta(step)["model_config"]["dtype"]
+        would convert them, and the converted arrays would then fail their fingerprints). With
+        ``read_versions``, the policy versions it holds (none in most checkpoints) come back in
+        ``Restored.versions``, in their saved dtype, laid out as ``like.params``."""
+        meta = self.read_meta(step)
+        saved = meta["model_config"]["dtype"]
         wanted = jax.tree.leaves(like.params)[0].dtype
         if jnp.dtype(saved) != wanted:
             raise CheckpointDtypeError(
@@ -254,19 +280,26 @@ class Checkpointer:
                  "meta": ocp.args.JsonRestore()}
         if not params_only:
             items["opt_state"] = ocp.args.StandardRestore(_abstract(like.opt_state))
+        if read_versions and "versions" in meta:
+            version = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+                x.shape, meta["versions"]["dtype"], sharding=x.sharding), like.params)
+            items["versions"] = ocp.args.StandardRestore(
+                {str(v): version for v in meta["versions"]["numbers"]})
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         meta = restored["meta"]
         if meta["step"] != step:
             raise CorruptCheckpointError(f"metadata says step {meta['step']}")
-        parts = ["params"] if params_only else ["params", "opt_state"]
-        for part in parts:
+        for part in (name for name in items if name != "meta"):
             if _fingerprint_dict(restored[part]) != meta["fingerprints"][part]:
                 raise CorruptCheckpointError(f"{part} do not match their fingerprints")
         opt_state = like.opt_state if params_only else restored["opt_state"]
         step_array = jax.device_put(np.int32(step), like.step.sharding)
         rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32), impl=meta["rng_impl"])
+        versions = {int(v): params for v, params in restored["versions"].items()} if (
+            "versions" in items) else {}
         return Restored(TrainState(restored["params"], opt_state, step_array), rng,
-                        meta["data_position"], meta["job_config"], ModelConfig(**meta["model_config"]))
+                        meta["data_position"], meta["job_config"], ModelConfig(**meta["model_config"]),
+                        versions)
 
     def _quarantine(self, step: int) -> None:
         if jax.process_index() == 0:

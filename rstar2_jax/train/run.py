@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import optax
@@ -73,18 +73,24 @@ class Run:
     max_nonfinite_steps: int
     nonfinite_steps: int = 0  # steps in a row, up to the last, with an update skipped
     nonfinite_since: int = 0  # the first of them
+    # The policy versions the resumed checkpoint holds (start_run's read_versions): version ->
+    # params in the serving dtype, laid out as the params; the loop takes them.
+    versions: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def step(self) -> int:
         return int(self.state.step)
 
     def finish_step(self, state: TrainState, metrics: dict[str, float], *, rng: jax.Array,
-                    data_position: Any) -> None:
+                    data_position: Any,
+                    versions: Callable[[], dict[int, Any]] | None = None) -> None:
         """Records the step just done: metrics (process 0 writes them), then a checkpoint (every
         process writes its shards) if due, at the last step, or when ``checkpoint.save_signal``
-        came; after the last, raises `Stopped`. Counts the steps in a row whose update was
-        skipped for a non-finite loss or gradient (``update/skipped_nonfinite``) and raises
-        NonFiniteError at ``optimizer.max_nonfinite_steps``."""
+        came; after the last, raises `Stopped`. ``versions``, called only when a checkpoint is
+        written, gives the policy versions it holds (`Checkpointer.save`). Counts the steps in a
+        row whose update was skipped for a non-finite loss or gradient
+        (``update/skipped_nonfinite``) and raises NonFiniteError at
+        ``optimizer.max_nonfinite_steps``."""
         self.state, self.rng, self.data_position = state, rng, data_position
         step = int(state.step)
         if self.logger is not None:
@@ -103,7 +109,8 @@ class Run:
         if self.checkpointer.due(step) or step == self.end_step or stop:
             self.checkpointer.save(state, rng=rng, model_config=self.model_config,
                                    job_config=self.job_config, job=self.job,
-                                   data_position={"start_step": self.start_step, "data": data_position})
+                                   data_position={"start_step": self.start_step, "data": data_position},
+                                   versions=None if versions is None else versions())
         if self.nonfinite_steps >= self.max_nonfinite_steps:
             raise NonFiniteError(
                 f"steps {self.nonfinite_since}-{step} of {self.run_dir}: the loss or gradient was not finite "
@@ -130,7 +137,7 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
               total_steps: int, job_config: Any, seed: int = 0, mesh: MeshConfig = MeshConfig(),
               checkpoint: CheckpointConfig = CheckpointConfig(), init_from: str | None = None,
               reset_optimizer: bool = False, precision: PrecisionConfig = PrecisionConfig(),
-              progress: bool = True) -> Run:
+              progress: bool = True, read_versions: bool = False) -> Run:
     """Builds the mesh (over the devices ``mesh.rollout_devices`` leaves to training), the
     sharded train state and the logger, resuming when possible.
 
@@ -139,6 +146,8 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
       job_config: the job's config dataclass; saved in every checkpoint.
       init_from: run directory of the previous stage (used only if ``run_dir`` has no checkpoint).
       reset_optimizer: with ``init_from``, start from a fresh optimizer state.
+      read_versions: a resume also reads the policy versions its checkpoint holds
+        (`Run.versions`; asynchronous RL's).
     """
     run_dir = Path(run_dir)
     job_dict = config_to_dict(job_config)
@@ -149,14 +158,15 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     state = init_train_state(shard_params(params, model_config, mesh_), opt, mesh=mesh_,
                              param_specs=specs)
     del params
-    rng, data_position, start_step = jax.random.key(seed), None, 0
+    rng, data_position, start_step, versions = jax.random.key(seed), None, 0, {}
 
     checkpointer = Checkpointer(run_dir / "checkpoints", checkpoint)
     job = type(job_config).__name__
-    restored = checkpointer.restore_latest(state, expect=RunFingerprint(job, model_config, model.path))
+    restored = checkpointer.restore_latest(
+        state, expect=RunFingerprint(job, model_config, model.path), read_versions=read_versions)
     if restored is not None:
         _warn_config_changes(restored.job_config, job_dict)
-        state, rng = restored.state, restored.rng
+        state, rng, versions = restored.state, restored.rng, restored.versions
         start_step = restored.data_position["start_step"]
         data_position = restored.data_position["data"]
         log.info("resuming %s at step %d", run_dir, int(state.step))
@@ -179,7 +189,8 @@ def start_run(*, run_dir: str | Path, model: ModelSource, optimizer: OptimizerCo
     save_signal = None if checkpoint.save_signal is None else SaveSignal(checkpoint.save_signal)
     return Run(run_dir, mesh_, model_config, precision.compute_config(model_config), specs, opt,
                state, rng, data_position, start_step, start_step + total_steps, checkpointer,
-               logger, job_dict, job, save_signal, optimizer.max_nonfinite_steps)
+               logger, job_dict, job, save_signal, optimizer.max_nonfinite_steps,
+               versions=versions)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
