@@ -162,10 +162,11 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
 
 def compile_set(loop: RLStep) -> dict[str, int]:
     """The most programs the steps of ``loop``'s run compile, by JAX's names: the step's
-    (`RLStep.programs`) and a checkpoint's fingerprints of the params and of the optimizer
-    state. Set up before the first step, the run has compiled the rest (the model's load, the
-    optimizer state, the algorithm's check)."""
-    return loop.programs() | {"jit(_fingerprints)": 2}
+    (`RLStep.programs`) and a checkpoint's fingerprints of the params, of the optimizer state
+    and, at rl.max_staleness = k > 0, of the 1 to k policy versions it holds. Set up before the
+    first step, the run has compiled the rest (the model's load, the optimizer state, the
+    algorithm's check)."""
+    return loop.programs() | {"jit(_fingerprints)": 2 + loop.config.rl.max_staleness}
 
 
 def _synchronous(loop: RLStep, run: Run, on_step: Callable[[int, dict], None] | None) -> None:
