@@ -17,7 +17,8 @@ always safe.
 
 :class:`CompileCounter` counts the programs compiled while it is open, through
 ``jax.monitoring`` events: a program XLA compiled, one loaded from the persistent cache, and the
-time spent tracing and lowering (paid again by every process, cache or not).
+time spent tracing and lowering (paid again by every process, cache or not), and the programs
+by name.
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class CompileStats:
     """Programs a process compiled (XLA ran) or loaded from the persistent cache, with seconds.
 
     ``trace_s`` is tracing to a jaxpr and lowering to MLIR, which a cache hit does not save.
+    ``programs`` counts them (compiled or loaded) by JAX's name of each, ``jit(<function>)``.
     """
 
     compiled: int = 0
@@ -75,10 +77,13 @@ class CompileStats:
     loaded: int = 0
     load_s: float = 0.0
     trace_s: float = 0.0
+    programs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __sub__(self, other: CompileStats) -> CompileStats:
-        return CompileStats(*(a - b for a, b in zip(dataclasses.astuple(self),
-                                                    dataclasses.astuple(other))))
+        numbers = [f.name for f in dataclasses.fields(self) if f.name != "programs"]
+        programs = {k: n - other.programs.get(k, 0) for k, n in self.programs.items()}
+        return CompileStats(*(getattr(self, k) - getattr(other, k) for k in numbers),
+                            programs={k: n for k, n in programs.items() if n})
 
     def summary(self) -> str:
         return (f"compiled {self.compiled} programs in {self.compile_s:.1f} s, loaded {self.loaded} "
@@ -98,9 +103,10 @@ class CompileCounter:
         if event == _CACHE_HIT:
             self._hit.pending = True
 
-    def _on_duration(self, event: str, seconds: float, **_) -> None:
+    def _on_duration(self, event: str, seconds: float, fun_name: str = "?", **_) -> None:
         with self._lock:
             if event == _BACKEND_COMPILE:
+                self.stats.programs[fun_name] = self.stats.programs.get(fun_name, 0) + 1
                 if getattr(self._hit, "pending", False):
                     self._hit.pending = False
                     self.stats.loaded += 1
@@ -113,7 +119,7 @@ class CompileCounter:
 
     def snapshot(self) -> CompileStats:
         with self._lock:
-            return dataclasses.replace(self.stats)
+            return dataclasses.replace(self.stats, programs=dict(self.stats.programs))
 
     def __enter__(self) -> CompileCounter:
         jax.monitoring.register_event_listener(self._on_event)

@@ -181,3 +181,21 @@ def test_new_estimators_match_their_reference_formulas():
     invalid = sum(m for row in rewards if row.min() == row.max())
     np.testing.assert_allclose(gpg_advantages(r), (rewards - means) * rewards.size / (rewards.size - invalid),
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", [
+    lambda kept: group_advantages(kept.rewards), lambda kept: group_advantages(kept.rewards, std="population"),
+    rloo_advantages, reinforce_pp_baseline_advantages, gpg_advantages])
+def test_host_arrays_compute_in_numpy_as_jax_arrays_compute(estimator):
+    # The trainer's call: numpy in, numpy out (nothing to compile, whatever the kept count);
+    # the same values as from jax arrays, which stay jit-able.
+    rng = np.random.default_rng(3)
+    rewards = rng.integers(0, 2, (7, 4)).astype(np.float32)
+    rewards[2] = 1.0  # a group of equal rewards
+    kept = Rollouts.from_rewards(rewards, lengths=rng.integers(1, 50, rewards.shape))
+    host = estimator(kept)
+    assert isinstance(host, np.ndarray) and host.dtype == np.float32
+    device = estimator(Rollouts(*(jnp.asarray(x) for x in kept)))
+    assert isinstance(device, jax.Array)
+    np.testing.assert_allclose(host, np.asarray(device), rtol=2e-6, atol=1e-7)
+    assert np.all(host[2] == 0) or estimator is reinforce_pp_baseline_advantages

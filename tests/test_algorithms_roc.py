@@ -54,6 +54,20 @@ def test_penalty_is_elementwise_and_jits():
     np.testing.assert_allclose(jax.jit(roc_penalty)(*args), [0.5, 0.25, 2.0], rtol=1e-6)
 
 
+def test_penalties_of_host_arrays_are_numpy_and_equal_the_jax_ones():
+    rng = np.random.default_rng(0)
+    calls = rng.integers(0, 6, 64)
+    r = Rollouts.from_rewards(np.ones(64), tool_calls=calls, tool_errors=rng.integers(0, 7, 64) % (calls + 1),
+                              tool_error_mentions=rng.integers(0, 7, 64) % (calls + 1),
+                              answer_blocks=rng.integers(0, 4, 64), answer_tags=rng.integers(0, 8, 64),
+                              turns=rng.integers(1, 7, 64))
+    for terms in (paper_penalty_terms, released_penalty_terms):
+        host, device = terms(r), terms(Rollouts(*(jnp.asarray(x) for x in r)))
+        for h, d in zip(host, device, strict=True):
+            assert isinstance(h, np.ndarray) and h.dtype == np.float32
+            np.testing.assert_array_equal(h, np.asarray(d))
+
+
 @pytest.mark.parametrize(
     "calls, errors, answers, turns, message",
     [(1, 2, 1, 1, "num_tool_errors"), (-1, 0, 1, 1, "num_tool_calls"), (1, 0, -1, 1, "num_answer_blocks"), (1, 0, 1, 0, "num_turns")],

@@ -1,6 +1,7 @@
 """The persistent compilation cache: where it lives, and that a second process compiles nothing
 the first one compiled. Each case runs in a fresh interpreter, because JAX decides once per
 process whether it uses a cache."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,3 +60,25 @@ def test_cache_can_be_turned_off(tmp_path, env):
     result = _run(env | {"XDG_CACHE_HOME": str(tmp_path)}, 8)
     assert result["dir"] is None and result["loaded"] == 0 and result["compiled"] >= 1
     assert not (tmp_path / "rstar2_jax").exists()
+
+
+def test_programs_are_counted_by_name_and_a_phase_is_a_difference():
+    import jax
+    import numpy as np
+
+    from rstar2_jax.compile_cache import CompileCounter
+
+    with CompileCounter() as counter:
+        jax.jit(lambda x: x + 1)(np.ones(3))  # the warm-up of a phase's count
+        before = counter.snapshot()
+
+        @jax.jit
+        def twice(x):
+            return 2 * x
+
+        twice(np.ones(3))  # host inputs: nothing else compiles
+        twice(np.ones(5))
+    phase = counter.snapshot() - before
+    assert phase.programs == {"jit(twice)": 2}
+    assert phase.compiled + phase.loaded == 2
+    assert json.loads(json.dumps(dataclasses.asdict(phase)))["programs"] == {"jit(twice)": 2}

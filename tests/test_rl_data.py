@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.algorithms import ALGORITHMS, DAPO, GRPO, GRPO_ROC, Algorithm, Selection, policy_loss
+from rstar2_jax.algorithms import ALGORITHMS, DAPO, GRPO, GRPO_ROC, Algorithm, Rollouts, Selection, policy_loss
+from rstar2_jax.compile_cache import CompileCounter
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.sampler.rollout import ToolCallRecord, Trajectory
 from rstar2_jax.sandbox import ExecResult, render_result
@@ -122,6 +123,23 @@ def test_what_an_algorithm_returns_is_checked(algorithm, message):
     r = rollout_arrays([trajectory()] * 4, np.array([[1.0, 0.0, 0.0, 1.0]]))
     with pytest.raises(ValueError, match=message):
         select_rollouts(algorithm, jax.random.key(0), r, group_size=2)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_steps_selection_and_advantages_compile_nothing_whatever_it_keeps(name):
+    # Host-side, on numpy: once the step's shape is known (RoC's rule: one program for
+    # [questions, n]), steps that keep 1 to 6 groups compile nothing more.
+    rng = np.random.default_rng(0)
+    rollouts = [Rollouts.from_rewards((rng.random((6, 8)) < p).astype(np.float32), lengths=5,
+                                      tool_calls=rng.integers(0, 3, (6, 8)), turns=2)
+                for p in (0.05, 0.2, 0.5, 0.8, 0.95, 0.5)]
+    jax.clear_caches()  # what earlier tests compiled counts too (loaded from the cache)
+    select_rollouts(ALGORITHMS[name], jax.random.key(0), rollouts[-1], group_size=4)
+    with CompileCounter() as counter:
+        kept = [select_rollouts(ALGORITHMS[name], jax.random.key(i), r, group_size=4).groups
+                for i, r in enumerate(rollouts)]
+    assert len(set(kept)) >= 3 or set(kept) == {6}, kept  # or it keeps every group
+    assert counter.stats.compiled + counter.stats.loaded == 0, counter.stats.programs
 
 
 def test_check_algorithm_fails_before_any_rollout():

@@ -11,6 +11,7 @@ import pytest
 
 from rstar2_jax.algorithms import (ALGORITHMS, GRPO_ROC, RolloutCorrection, gspo_loss, policy_loss,
                                    regularized, resolve_algorithm)
+from rstar2_jax.compile_cache import CompileCounter
 from rstar2_jax.errors import ConfigError
 from rstar2_jax.model import ModelConfig, init_params, token_logprobs
 from rstar2_jax.parallel.sharding import make_mesh, param_specs, shard_params
@@ -75,6 +76,33 @@ def test_sharded_matches_single_device_with_padding():
     for k in m1:
         assert m1[k] == pytest.approx(m8[k], rel=1e-4, abs=1e-6), k
     assert m1["tokens"] == batch["loss_mask"][:, 1:].sum()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_steps_that_keep_other_rollouts_compile_nothing_new(packed):
+    # A step's rows: the kept rollouts first, then rows with no loss token; the update's
+    # programs are the micro-batch's and the layout's, whatever a step keeps.
+    mesh = make_mesh(1, 1)
+    config = RLConfig(packed=packed, mini_batches=2, micro_batch_size=2)
+    opt = make_optimizer(OptimizerConfig(lr=1e-3, warmup_steps=1), total_steps=10)
+    specs = param_specs(MODEL, mesh)
+    params = shard_params(init_params(MODEL, jax.random.key(0)), MODEL, mesh)
+    state = init_train_state(params, opt, mesh=mesh, param_specs=specs)
+    update = RLUpdate(MODEL, config, opt, mesh=mesh, param_specs=specs, params=params, loss=GRPO_ROC.loss)
+    assert sum(update.programs().values()) == 6
+
+    def kept(n, seed):
+        batch = _batch(12, seed=seed)
+        batch["loss_mask"][n:] = 0
+        return batch
+
+    state, _ = update(state, kept(3, 0))
+    with CompileCounter() as counter:
+        for n, seed in ((12, 1), (1, 2), (7, 3)):
+            state, metrics = update(state, kept(n, seed))
+            assert metrics["tokens"] == kept(n, seed)["loss_mask"][:, 1:].sum()
+    assert counter.stats.compiled + counter.stats.loaded == 0, counter.stats.programs
+    assert int(state.step) == 8
 
 
 def test_metrics_of_one_and_two_mini_batches():
@@ -243,17 +271,27 @@ def _assert_packs_the_edge_cases(batch, segment_lengths):
     assert [PACKED_SEQ] in rows, rows
 
 
-def _packed_and_padded(batch, groups=1):
-    """(padded, packed) shifted host rows of ``batch`` as the update's loss takes them, with the
-    on-policy old log-probs."""
+def _packed_and_padded(batch):
+    """(padded, packed, slots, params): shifted host rows of ``batch`` as the update's loss takes
+    them, with the on-policy old log-probs: one rollout per row, and one packed micro-batch of
+    as many rows of the batch's length (`PACKED_SEQ`: four segment slots each); ``slots`` takes
+    an array of the first layout to the micro-batch's sequence slots, zeros in its empty ones."""
     padded = rl_update._shift(batch)
-    packed = rl_update.pack_rows(batch, padded, PackShapes(batch["tokens"].shape[1]), groups)
+    [[micro]] = rl_update.micro_batch_rows(batch, PackShapes(batch["tokens"].shape[1]),
+                                           len(batch["tokens"]), 1, packed=True)
+    index = micro.pop("index")
+
+    def slots(x):
+        return jnp.take(jnp.asarray(x), index, axis=0, mode="fill", fill_value=0)
+
     params = init_params(MODEL, jax.random.key(0))
     old = np.asarray(token_logprobs(params, MODEL, padded["inputs"], padded["targets"],
                                     padded["attention_mask"]))
-    per_target = {"old_logp": old - 0.05, "ref_logp": old + 0.3 * np.sin(np.arange(old.size)).reshape(old.shape)}
-    return ({k: jnp.asarray(v) for k, v in (padded | per_target).items()},
-            {k: jnp.asarray(v) for k, v in (packed | per_target).items()}, params)
+    per_target = padded | {"old_logp": old - 0.05,
+                           "ref_logp": old + 0.3 * np.sin(np.arange(old.size)).reshape(old.shape)}
+    packed = {k: jnp.asarray(v) for k, v in micro.items()}
+    packed |= {k: slots(v) for k, v in per_target.items() if k not in micro | {"attention_mask": 0}}
+    return {k: jnp.asarray(v) for k, v in per_target.items()}, packed, slots, params
 
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -272,21 +310,21 @@ def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per
     per-rollout and per-token (rollout-correction) advantages."""
     batch = _packable_batch(6)
     batch["loss_mask"][3] = 0  # a rollout with nothing to train on, as padding rows are
-    padded, packed, params = _packed_and_padded(batch)
+    padded, packed, slots, params = _packed_and_padded(batch)
     _assert_packs_the_edge_cases(batch, packed["segment_lengths"])
     assert np.count_nonzero(packed["segment_lengths"]) == 5  # all but the one without loss
     token_advantages = jnp.asarray(np.random.default_rng(1).normal(size=padded["mask"].shape),
                                    jnp.float32)
     for advantages in (padded["advantages"], token_advantages):
-        def run(rows):
+        def run(rows, advantages):
             def value(p):
                 loss_sum, count, metrics = rl_update.rl_loss(
                     p, rows | {"advantages": advantages}, model_config=MODEL, config=RLConfig(), loss=loss)
                 return loss_sum, (count, metrics)
             return jax.value_and_grad(value, has_aux=True)(params)
 
-        (value, (count, metrics)), grads = run(padded)
-        (p_value, (p_count, p_metrics)), p_grads = run(packed)
+        (value, (count, metrics)), grads = run(padded, advantages)
+        (p_value, (p_count, p_metrics)), p_grads = run(packed, slots(advantages))
         assert int(p_count) == int(count)
         np.testing.assert_allclose(p_value, value, rtol=1e-5, atol=1e-7)
         assert p_metrics.keys() == metrics.keys()
@@ -298,14 +336,17 @@ def test_packed_rows_give_every_loss_the_values_and_gradients_of_one_rollout_per
 
 
 def _spy_on_packing(monkeypatch) -> list[dict]:
-    """The packed rows of each update from now on (`rl_update.pack_rows`' results)."""
-    seen, pack_rows = [], rl_update.pack_rows
+    """The packed rows of each update from now on: the ``segment_lengths`` of all its
+    micro-batches (`rl_update.micro_batch_rows`' results)."""
+    seen, micro_batch_rows = [], rl_update.micro_batch_rows
 
     def spy(*args, **kwargs):
-        seen.append(pack_rows(*args, **kwargs))
-        return seen[-1]
+        plan = micro_batch_rows(*args, **kwargs)
+        seen.append({"segment_lengths": np.concatenate([mb["segment_lengths"] for mini in plan
+                                                        for mb in mini])})
+        return plan
 
-    monkeypatch.setattr(rl_update, "pack_rows", spy)
+    monkeypatch.setattr(rl_update, "micro_batch_rows", spy)
     return seen
 
 

@@ -3,7 +3,7 @@ slots, shapes from a set fixed before the run, groups kept apart, and little pad
 import numpy as np
 import pytest
 
-from rstar2_jax.train.packing import PackShapes, first_fit_decreasing, pack, row_bucket
+from rstar2_jax.train.packing import PackShapes, first_fit_decreasing, micro_batches, pack, row_bucket
 
 
 def test_segment_slots_default_to_one_per_64_tokens_as_a_power_of_two():
@@ -82,3 +82,24 @@ def test_empty_sequences_are_left_out_and_an_empty_batch_has_one_empty_row():
     packing = pack([0, 4, 0], PackShapes(16))
     assert packing.rows == ((1,),) and tuple(packing.places([0, 4, 0])[0]) == (-1, -1)
     assert pack([0, 0], PackShapes(16)).rows == ((),)
+
+
+def test_micro_batches_have_one_shape_and_hold_every_sequence_once():
+    rng = np.random.default_rng(4)
+    shapes = PackShapes(384, segments=4)
+    for n in (0, 1, 7, 40, 120):
+        lengths = rng.integers(0, 385, n).tolist()
+        batches = micro_batches(lengths, shapes, rows=3, sequences=8)
+        assert batches and all(len(b.rows) == 3 and b.row_tokens == 384 for b in batches)
+        placed = [i for b in batches for row in b.rows for i in row]
+        assert sorted(placed) == [i for i, x in enumerate(lengths) if x]
+        for b in batches:
+            assert sum(map(len, b.rows)) <= 8
+            assert all(len(row) <= 4 and sum(lengths[i] for i in row) <= 384 for row in b.rows)
+        # No more micro-batches than the rows or the sequences need, one at most over each.
+        rows = len(first_fit_decreasing(lengths, 384, 4))
+        assert len(batches) <= max(1, -(-rows // 3) + -(-len(placed) // 8))
+    with pytest.raises(ValueError, match="385 tokens"):
+        micro_batches([385], shapes, rows=3, sequences=8)
+    with pytest.raises(ValueError, match="cannot hold a row"):
+        micro_batches([5], shapes, rows=3, sequences=3)

@@ -386,7 +386,7 @@ def update_program(config: ModelConfig, args, mesh) -> Program:
 
 def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     from rstar2_jax.parallel.sharding import batch_spec, param_specs
-    from rstar2_jax.rl.update import _old_logprobs
+    from rstar2_jax.rl.update import _trainer_logprobs
 
     master, policy, rl = _update_config(config, args)
     specs = param_specs(master, mesh)
@@ -397,8 +397,9 @@ def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     rows = NamedSharding(mesh, batch_spec())
     shifted = {k: jax.ShapeDtypeStruct(packed[k].shape, packed[k].dtype, sharding=rows)
                for k in ("inputs", "targets", "segment_lengths", "gather")}
-    fn = jax.jit(functools.partial(_old_logprobs, model_config=policy.compute_config(master),
-                                   config=rl, chunks=args.micro_batches))
+    fn = jax.jit(functools.partial(_micro_batch_passes, functools.partial(
+        _trainer_logprobs, model_config=policy.compute_config(master), config=rl,
+        return_entropy=True), chunks=args.micro_batches))
     tokens = int(np.sum(lengths))
     attention = attention_flops(master, lengths) / 3  # the forward alone
     return Program(fn, (params, shifted), {},
@@ -409,6 +410,15 @@ def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
                    passes=args.micro_batches, segments=packed["segment_lengths"],
                    fsdp=mesh.shape["fsdp"], tp=mesh.shape["tp"],
                    note="the update's batch, forward only")
+
+
+def _micro_batch_passes(logprobs, params, shifted, *, chunks):
+    """The update's log-prob passes over the batch's ``chunks`` micro-batches (strided rows, as
+    the batch is laid out), in one program: `RLUpdate` runs one program per micro-batch."""
+    def split(x):
+        return jnp.swapaxes(x.reshape(x.shape[0] // chunks, chunks, *x.shape[1:]), 0, 1)
+
+    return jax.lax.map(lambda rows: logprobs(params, rows), jax.tree.map(split, shifted))
 
 
 def serving_copy_program(config: ModelConfig, args, mesh) -> Program:

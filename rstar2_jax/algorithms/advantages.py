@@ -8,12 +8,18 @@ and every loss token of rollout i gets A_i. A group whose rewards are all equal 
 signal (every A_i would be 0/0 before eps): selections drop such groups first
 (`nonuniform_group_mask`), and `group_advantages` returns exact zeros for them should one slip
 through.
+
+The trainer calls them on the host with numpy arrays, and they compute in numpy (nothing to
+compile however many groups a step keeps); given jax arrays they compute in `jax.numpy`, and
+jit (`rstar2_jax.algorithms._checks.array_namespace`).
 """
+import contextlib
 from typing import Literal
 
-import jax
 import jax.numpy as jnp
+import numpy as np
 
+from rstar2_jax.algorithms._checks import array_namespace, as_float
 from rstar2_jax.algorithms.algorithm import Rollouts
 from rstar2_jax.algorithms.selection import nonuniform_group_mask
 
@@ -22,16 +28,22 @@ from rstar2_jax.algorithms.selection import nonuniform_group_mask
 _DDOF = {"sample": 1, "population": 0}
 
 
+def _quiet(xp):
+    """numpy's warnings off for a division whose 0/0 is replaced (jax has none)."""
+    return np.errstate(divide="ignore", invalid="ignore") if xp is np else contextlib.nullcontext()
+
+
 def _centred(rewards: jnp.ndarray) -> jnp.ndarray:
     """``r - mean(r)`` per group ``[groups, m]``, exactly 0 in groups of equal rewards."""
-    rewards = jnp.asarray(rewards)
+    xp = array_namespace(rewards)
+    rewards = xp.asarray(rewards)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_groups, G], got shape {rewards.shape}")
-    rewards = rewards.astype(jnp.result_type(rewards.dtype, jnp.float32))
-    centred = rewards - jnp.mean(rewards, axis=-1, keepdims=True)
+    rewards = as_float(rewards, xp)
+    centred = rewards - xp.mean(rewards, axis=-1, keepdims=True)
     # Tested on the raw rewards, not on the centred values: the mean of equal floats can differ
     # from them by one rounding step, which would leave a tiny nonzero advantage.
-    return jnp.where(nonuniform_group_mask(rewards)[:, None], centred, 0.0)
+    return xp.where(nonuniform_group_mask(rewards)[:, None], centred, rewards.dtype.type(0))
 
 
 def group_advantages(
@@ -53,16 +65,18 @@ def group_advantages(
     """
     if std not in _DDOF:
         raise ValueError(f"std must be 'sample' or 'population', got {std!r}")
-    rewards = jnp.asarray(rewards)
+    xp = array_namespace(rewards)
+    rewards = xp.asarray(rewards)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_groups, G], got shape {rewards.shape}")
     group_size = rewards.shape[-1]
     if group_size <= _DDOF[std]:
         raise ValueError(f"a {std} std needs groups of at least {_DDOF[std] + 1}, got G={group_size}")
-    rewards = rewards.astype(jnp.result_type(rewards.dtype, jnp.float32))
+    rewards = as_float(rewards, xp)
     centred = _centred(rewards)
-    scale = jnp.std(rewards, axis=-1, ddof=_DDOF[std], keepdims=True) + eps
-    return jnp.where(centred == 0, 0.0, centred / scale)  # 0, not 0/0, in equal groups at eps=0
+    scale = xp.std(rewards, axis=-1, ddof=_DDOF[std], keepdims=True) + rewards.dtype.type(eps)
+    with _quiet(xp):  # 0/0 in equal groups at eps=0, replaced by 0
+        return xp.where(centred == 0, rewards.dtype.type(0), centred / scale)
 
 
 def grpo_advantages(kept: Rollouts) -> jnp.ndarray:
@@ -87,11 +101,11 @@ def rloo_advantages(kept: Rollouts) -> jnp.ndarray:
 
     verl's ``compute_rloo_outcome_advantage`` is the same. Groups of equal rewards give 0.
     Needs m >= 2."""
-    rewards = jnp.asarray(kept.rewards)
-    m = rewards.shape[-1]
+    m = kept.rewards.shape[-1]
     if m < 2:
         raise ValueError(f"RLOO needs groups of at least 2 rollouts, got {m}")
-    return _centred(rewards) * (m / (m - 1))
+    centred = _centred(kept.rewards)
+    return centred * centred.dtype.type(m / (m - 1))
 
 
 def reinforce_pp_baseline_advantages(kept: Rollouts) -> jnp.ndarray:
@@ -114,15 +128,16 @@ def reinforce_pp_baseline_advantages(kept: Rollouts) -> jnp.ndarray:
       `[groups, m]` float32. Raises ValueError when the step has fewer than 2 loss tokens (no
       variance to estimate, as in verl).
     """
+    xp = array_namespace(kept.rewards, kept.lengths)
     centred = _centred(kept.rewards)
-    tokens = jnp.asarray(kept.lengths, jnp.float32)
-    total = float(jnp.sum(tokens))
+    tokens = xp.asarray(kept.lengths).astype(xp.float32)
+    total = float(xp.sum(tokens))
     if total < 2:
         raise ValueError(f"REINFORCE++-baseline whitens over the step's loss tokens and needs at "
                          f"least 2, got {total:g}")
-    mean = jnp.sum(tokens * centred) / total
-    var = jnp.sum(tokens * (centred - mean) ** 2) / (total - 1)
-    return (centred - mean) * jax.lax.rsqrt(var + 1e-8)
+    mean = xp.sum(tokens * centred) / xp.float32(total)
+    var = xp.sum(tokens * (centred - mean) ** 2) / xp.float32(total - 1)
+    return (centred - mean) / xp.sqrt(var + xp.float32(1e-8))
 
 
 def gpg_advantages(kept: Rollouts) -> jnp.ndarray:
@@ -141,5 +156,5 @@ def gpg_advantages(kept: Rollouts) -> jnp.ndarray:
     """
     centred = _centred(kept.rewards)
     rollouts = centred.size
-    valid = int(jnp.sum(nonuniform_group_mask(jnp.asarray(kept.rewards)))) * centred.shape[-1]
-    return centred * (rollouts / valid if valid else 1.0)
+    valid = int(nonuniform_group_mask(kept.rewards).sum()) * centred.shape[-1]
+    return centred * centred.dtype.type(rollouts / valid if valid else 1.0)

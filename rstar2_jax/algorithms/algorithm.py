@@ -12,6 +12,11 @@ micro-batch of the update; nothing else about the algorithm is written in the tr
 2. ``advantages(kept) -> [groups, m]``: ``kept`` is ``rollouts.take(selection.index)``, the same
    record gathered to ``[groups, m]``; one float advantage per kept rollout, broadcast to each
    of its loss tokens.
+
+   Both run on the host once a step, on numpy arrays whose shape changes with what the step
+   keeps. The built-in ones compute in numpy there (given jax arrays, in `jax.numpy`:
+   `rstar2_jax.algorithms._checks.array_namespace`), so they compile nothing; written in
+   `jax.numpy`, each operation would compile once per new shape, i.e. per kept-group count.
 3. ``loss(logp, old_logp, advantages, mask) -> (loss_sum, count, metric_sums)`` on one
    micro-batch: ``logp``/``old_logp`` ``[rows, seq]`` (old is a constant), ``advantages`` ``[rows]``,
    ``mask`` ``[rows, seq]`` bool (the model's own tokens). The step's loss is

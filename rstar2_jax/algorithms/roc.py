@@ -29,13 +29,14 @@ the equal-reward filter) keep G of their single class.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar2_jax.algorithms._checks import check_values
+from rstar2_jax.algorithms._checks import array_namespace, as_float, check_values
 from rstar2_jax.algorithms.algorithm import Rollouts, Selection, group_index
 from rstar2_jax.algorithms.selection import nonuniform_group_mask
 
@@ -63,10 +64,12 @@ def penalty_terms(
       num_turns: assistant turns, the first included (>= 1).
 
     Returns:
-      float32 (p_err, p_format), each in [0, 1], same shape as the broadcast inputs.
+      float32 (p_err, p_format), each in [0, 1], same shape as the broadcast inputs; numpy for
+      host inputs, jax for jax ones (`array_namespace`).
     """
+    xp = array_namespace(num_tool_calls, num_tool_errors, num_answer_blocks, num_turns)
     calls, errors, answers, turns = (
-        jnp.asarray(x) for x in (num_tool_calls, num_tool_errors, num_answer_blocks, num_turns)
+        xp.asarray(x) for x in (num_tool_calls, num_tool_errors, num_answer_blocks, num_turns)
     )
     check_values(calls, lambda c: c >= 0, "num_tool_calls must be >= 0")
     check_values(errors, lambda e: (e >= 0) & (e <= calls), "need 0 <= num_tool_errors <= num_tool_calls")
@@ -74,9 +77,14 @@ def penalty_terms(
     check_values(turns, lambda t: t >= 1, "num_turns must be >= 1 (the first turn counts)")
     # The no-call value 0.5 sits between a clean and a fully failed tool user: it rewards trying
     # the tool (paper: "to encourage tool usage").
-    p_err = jnp.where(calls > 0, errors / jnp.maximum(calls, 1), 0.5)
-    p_format = jnp.where(answers > 0, jnp.minimum(1.0, (answers - 1) / turns), 1.0)
-    return p_err.astype(jnp.float32), p_format.astype(jnp.float32)
+    p_err = xp.where(calls > 0, _ratio(errors, xp.maximum(calls, 1), xp), 0.5)
+    p_format = xp.where(answers > 0, xp.minimum(1.0, _ratio(answers - 1, turns, xp)), 1.0)
+    return p_err.astype(xp.float32), p_format.astype(xp.float32)
+
+
+def _ratio(counts, totals, xp):
+    """counts / totals in float32, as jax divides integers (numpy would in float64)."""
+    return as_float(counts, xp) / as_float(totals, xp)
 
 
 def roc_penalty(
@@ -119,10 +127,11 @@ def released_penalty_terms(rollouts: Rollouts) -> tuple[jnp.ndarray, jnp.ndarray
     """
     r = rollouts
     p_err, _ = penalty_terms(r.tool_calls, r.tool_error_mentions, r.answer_blocks, r.turns)
-    answers, later_turns = jnp.asarray(r.answer_blocks), jnp.asarray(r.turns) - 1
-    unscored = (answers == 0) | (jnp.asarray(r.answer_tags) != 2 * answers) | (later_turns == 0)
-    p_format = jnp.where(unscored, 1.0, jnp.minimum(1.0, (answers - 1) / jnp.maximum(later_turns, 1)))
-    return p_err, p_format.astype(jnp.float32)
+    xp = array_namespace(r.answer_blocks, r.turns, r.answer_tags)
+    answers, later_turns = xp.asarray(r.answer_blocks), xp.asarray(r.turns) - 1
+    unscored = (answers == 0) | (xp.asarray(r.answer_tags) != 2 * answers) | (later_turns == 0)
+    p_format = xp.where(unscored, 1.0, xp.minimum(1.0, _ratio(answers - 1, xp.maximum(later_turns, 1), xp)))
+    return p_err, p_format.astype(xp.float32)
 
 
 def paper_negative_quota(num_neg: jnp.ndarray, group_size: int) -> jnp.ndarray:
@@ -219,8 +228,7 @@ def _select_kept(key, rewards, penalties, keep, group_size, mode) -> np.ndarray:
     rows = np.concatenate([keep, np.setdiff1d(np.arange(rewards.shape[0]), keep)])
     rewards, penalties = rewards[rows], penalties[rows]
     _check_group(rewards[:keep.size], penalties[:keep.size], group_size, mode, batched=True)
-    keys = jax.random.split(key, rows.size)
-    return np.asarray(_select_many(keys, rewards, penalties, group_size, mode))[:keep.size]
+    return np.asarray(_split_and_select(key, rewards, penalties, group_size, mode))[:keep.size]
 
 
 def roc_select(
@@ -292,6 +300,12 @@ def roc_select_batch(
 
 
 _select_many = jax.jit(jax.vmap(roc_select, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _split_and_select(key, rewards, penalties, group_size, mode):
+    """`roc_select_batch` without its checks, one program: the key split in it too."""
+    return _select_many(jax.random.split(key, rewards.shape[0]), rewards, penalties, group_size, mode)
 
 
 def _check_mode(mode):

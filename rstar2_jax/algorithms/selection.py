@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rstar2_jax.algorithms._checks import array_namespace
 from rstar2_jax.algorithms.algorithm import Rollouts, SelectFn, Selection, group_index
 
 
@@ -19,12 +20,14 @@ def nonuniform_group_mask(rewards: jnp.ndarray) -> jnp.ndarray:
       rewards: `[num_groups, n]` rewards of the n rollouts of each question (any n >= 1).
 
     Returns:
-      `[num_groups]` bool, True for groups to keep (rewards not all equal).
+      `[num_groups]` bool, True for groups to keep (rewards not all equal); numpy for host
+      inputs, jax for jax ones (`array_namespace`).
     """
-    rewards = jnp.asarray(rewards)
+    xp = array_namespace(rewards)
+    rewards = xp.asarray(rewards)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_groups, n], got shape {rewards.shape}")
-    return jnp.max(rewards, axis=-1) != jnp.min(rewards, axis=-1)
+    return xp.max(rewards, axis=-1) != xp.min(rewards, axis=-1)
 
 
 def keep_all(key: jax.Array, rollouts: Rollouts, group_size: int) -> Selection:

@@ -183,44 +183,50 @@ def select_rollouts(algorithm: Algorithm, key: jax.Array, rollouts: Rollouts,
 
 
 def check_algorithm(algorithm: Algorithm, rollouts_per_question: int, group_size: int, *,
-                    token_advantages: bool = False) -> None:
-    """Runs the algorithm's three functions on a tiny made-up step (two questions, one with
-    mixed rewards; one row of loss tokens; made-up values of the per-token inputs the loss
-    declares) so that a mistake in them, or a selection that cannot work with these sizes,
-    fails before the first rollout. With ``token_advantages``
+                    questions: int = 2, token_advantages: bool = False) -> None:
+    """Runs the algorithm's three functions on a tiny made-up step (``questions`` questions, the
+    last with mixed rewards; one row of loss tokens; made-up values of the per-token inputs the
+    loss declares) so that a mistake in them, or a selection that cannot work with these sizes,
+    fails before the first rollout. The loss is traced, as the update traces it, not run: the
+    check compiles nothing, and with ``questions`` the run's the selection compiles what the
+    run will. With ``token_advantages``
     (a rollout correction with importance weights) the loss is also given `[rows, seq]`
     advantages, as the update will, and must return what it returns for the same values as
-    `[rows]`. Raises ConfigError for sizes the selection cannot work with or a loss that does
-    not take per-token advantages, ValueError for a loss of the wrong form."""
+    `[rows]` (one program). Raises ConfigError for sizes the selection cannot work with or a
+    loss that does not take per-token advantages, ValueError for a loss of the wrong form."""
     n = rollouts_per_question
-    rewards = np.zeros((2, n), np.float32)
-    rewards[1, : n // 2 or 1] = 1.0
+    rewards = np.zeros((questions, n), np.float32)
+    rewards[-1, : n // 2 or 1] = 1.0
     rollouts = Rollouts.from_rewards(rewards, lengths=4, tool_calls=1, turns=2)
     try:
         select_rollouts(algorithm, jax.random.key(0), rollouts, group_size)
     except ValueError as e:
         raise ConfigError(f"the algorithm cannot run with rl.rollouts_per_question={n} and "
                          f"rl.group_size={group_size}: {e}") from None
-    logp = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]])
-    mask = jnp.array([[1, 1, 0], [0, 0, 0]], bool)
-    advantages = jnp.array([1.0, -1.0])
-    made_up = {"entropy": jnp.full(logp.shape, 0.7), "ref_logp": logp - 0.1}
+    logp = np.array([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]], np.float32)
+    mask = np.array([[1, 1, 0], [0, 0, 0]], bool)
+    advantages = np.array([1.0, -1.0], np.float32)
+    made_up = {"entropy": np.full(logp.shape, 0.7, np.float32), "ref_logp": logp - 0.1}
     inputs = {name: made_up[name] for name in loss_inputs(algorithm.loss)}
-    out = algorithm.loss(logp, logp, advantages, mask, **inputs)
+
+    def loss(advantages):
+        return algorithm.loss(logp, logp, advantages, mask, **inputs)
+
+    out = jax.eval_shape(loss, advantages)
     if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], dict)
-            and jnp.ndim(out[0]) == 0 and jnp.ndim(out[1]) == 0):
+            and np.shape(out[0]) == () and np.shape(out[1]) == ()):
         raise ValueError("the algorithm's loss must return (loss_sum, count, metric_sums): two "
                          "scalars and a dict of scalars")
     if token_advantages:
         # The same advantages repeated on every token must give the same loss.
         try:
-            per_token = algorithm.loss(logp, logp, jnp.broadcast_to(advantages[:, None], logp.shape),
-                                       mask, **inputs)
-            same = bool(jnp.allclose(per_token[0], out[0], rtol=1e-5)) and int(per_token[1]) == int(out[1])
+            per_row, per_token = jax.device_get(jax.jit(lambda a: (loss(a), loss(
+                jnp.broadcast_to(a[:, None], logp.shape))))(advantages))
+            same = bool(np.allclose(per_token[0], per_row[0], rtol=1e-5)) and int(per_token[1]) == int(per_row[1])
         except Exception as e:  # a loss that refuses them, whatever it raises
             same, why = False, f" ({type(e).__name__}: {e})"
         else:
-            why = f" (loss_sum {per_token[0]} instead of {out[0]})"
+            why = f" (loss_sum {per_token[0]} instead of {per_row[0]})"
         if not same:
             raise ConfigError("rl.rollout_correction.weights gives the loss per-token advantages "
                               "[rows, seq], and the algorithm's loss does not take them as it takes "
@@ -281,12 +287,11 @@ def make_batch(trajs: Sequence[Trajectory], kept: KeptRollouts, *, pad_id: int,
 
     Each row is prompt + response, padded to ``seq_len`` tokens: the longest a rollout can be
     (the rollout limits' prompt plus response budget), so every step has the same length. The
-    row count is padded up to ``rows`` (default: the next power of two; several processes pass
-    the same power of two, their fullest one's). The jitted update therefore compiles once per
-    row bucket, a set known before the run (powers of two up to questions x G), instead of once
-    per (rows, longest rollout) pair met. Padding rows carry no loss token (they add nothing to the
-    loss sums); they attend to themselves, because a row with no visible token at all would
-    give NaN logits, and NaN * 0 is still NaN in the backward pass.
+    row count is padded up to ``rows`` (default: the next power of two); the RL step passes the
+    rollouts of a host's questions, the most it can keep, so that the layout has one shape for
+    the run. Padding rows carry no loss token (they add nothing to the loss sums); they attend
+    to themselves, because a row with no visible token at all would give NaN logits, and
+    NaN * 0 is still NaN in the backward pass.
 
     Returns `[rows, seq_len]` arrays: tokens, attention_mask, loss_mask (1 on model-generated
     tokens), sampler_logp (the sampler's log-prob of each token, 0 elsewhere), and

@@ -42,11 +42,10 @@ class StepExchange:
         return per_host["times"].max(axis=0), per_host["counts"].sum(axis=0)
 
     def training_share(self, ran: dict[int, list[Trajectory]], kept: KeptRollouts,
-                       questions: int, n: int) -> tuple[KeptRollouts, list[Trajectory], int]:
+                       questions: int, n: int) -> tuple[KeptRollouts, list[Trajectory]]:
         """This host's part of the update: the kept rollouts of its block of the step's
-        questions (indexed within the block), the block's trajectories (question-major, ``n``
-        each) whichever host sampled them, and the most kept rollouts any host's block holds.
-        The update is the same whatever each host took."""
+        questions (indexed within the block) and the block's trajectories (question-major, ``n``
+        each) whichever host sampled them. The update is the same whatever each host took."""
         block = hosts.share(questions)
         mine = kept.share(block.start * n, block.stop * n)
         if jax.process_count() == 1:
@@ -55,5 +54,4 @@ class StepExchange:
             records = hosts.deliver({q: [t.record() for t in ts] for q, ts in ran.items()},
                                     list(range(block.start, block.stop)))
             trajs = [Trajectory.from_record(r) for question in records for r in question]
-        most = int(np.bincount(kept.index // len(trajs)).max())
-        return mine, trajs, most
+        return mine, trajs

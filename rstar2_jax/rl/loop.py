@@ -113,6 +113,7 @@ def run_rl(config: RLJobConfig, *, algorithm: Algorithm | None = None,
     # The loss as the update will train with it: with the run's entropy bonus and KL penalty.
     check_algorithm(dataclasses.replace(algorithm, loss=train_loss(algorithm.loss, config.rl)),
                     config.rl.rollouts_per_question, config.rl.group_size,
+                    questions=config.rl.questions_per_step,
                     token_advantages=config.rl.rollout_correction.weights != "none")
     if runtime is None:
         with RolloutRuntime(config.rollout) as runtime:
@@ -147,6 +148,9 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
             pad_id=tokenizer.pad_token_id or 0,
             copy=ServingCopy(run.model_config, run.mesh, rollout_mesh(config.mesh.rollout_devices),
                              config.rollout.serving_config(run.compute_config).jnp_dtype))
+        programs = compile_set(loop)
+        log.info("RL steps compile at most %d programs, whatever each keeps: %s", sum(programs.values()),
+                 ", ".join(f"{name} x{count}" for name, count in programs.items()))
         if config.rl.max_staleness:
             _pipelined(loop, run, on_step, lag=config.rl.max_staleness)
         else:
@@ -154,6 +158,15 @@ def _run_rl(config: RLJobConfig, algorithm: Algorithm, runtime: RolloutRuntime,
         return run.state
     finally:
         run.close()
+
+
+def compile_set(loop: RLStep) -> dict[str, int]:
+    """The most programs the steps of ``loop``'s run compile, by JAX's names: the step's
+    (`RLStep.programs`) and a checkpoint's fingerprints of the params, of the optimizer state
+    and, at rl.max_staleness = k > 0, of the 1 to k policy versions it holds. Set up before the
+    first step, the run has compiled the rest (the model's load, the optimizer state, the
+    algorithm's check)."""
+    return loop.programs() | {"jit(_fingerprints)": 2 + loop.config.rl.max_staleness}
 
 
 def _synchronous(loop: RLStep, run: Run, on_step: Callable[[int, dict], None] | None) -> None:

@@ -27,7 +27,6 @@ from rstar2_jax.rl.data import (StepRollouts, by_question, check_trained_ids, ma
 from rstar2_jax.rl.exchange import StepExchange
 from rstar2_jax.rl.update import RLUpdate, mismatch_check
 from rstar2_jax.sampler import AgentSampler
-from rstar2_jax.sampler.engine import bucket
 from rstar2_jax.sampler.runtime import score_rollouts
 from rstar2_jax.train.configs import RLJobConfig
 from rstar2_jax.train.step import TrainState
@@ -59,7 +58,7 @@ class RLStep:
         """The sampler's side of step ``step``, with ``params`` (policy ``version``, stamped on
         every token). ``stop`` ends it early with `RolloutStopped`."""
         rl, n = self.config.rl, self.config.rl.rollouts_per_question
-        key = jax.random.fold_in(rng, step)
+        seed, selection_key = _step_keys(rng, step)
         # -- 1. Rollout: n per question; tool calls run while the other rows decode -----------
         questions = question_batch(len(self.problems), rl.questions_per_step, step, self.config.seed)
         problems = [self.problems[i] for i in questions]
@@ -69,13 +68,13 @@ class RLStep:
         verifier_before = self.verifier.stats()
         trajs, rewards, stats, reward_wait = score_rollouts(
             self.sampler, self.verifier, params, problems, prompts, n,
-            seed=int(jax.random.randint(key, (), 0, 2**31 - 1)),
+            seed=int(seed),
             claim=self.hosts.claim(len(problems)), version=version, stop=stop)
         ran = by_question(trajs, n)
         numbers = self.hosts.numbers(ran, rewards, len(problems))
         rollouts = Rollouts(**{k: numbers[k] for k in Rollouts._fields})
         # -- 3. Select and advantages: the algorithm's (GRPO-RoC: drop all-equal groups, RoC) --
-        kept = select_rollouts(self.algorithm, jax.random.fold_in(key, 1), rollouts, rl.group_size)
+        kept = select_rollouts(self.algorithm, selection_key, rollouts, rl.group_size)
         verifier = self.verifier.stats()
         times, counts = self.hosts.totals(
             [stats.wall_s, stats.tool_wait_s, reward_wait],
@@ -85,13 +84,13 @@ class RLStep:
         # -- 4. Batch: this host's kept rollouts as rows; the ids trained on = the ids sampled -
         batch = None
         if kept.index.size:
-            mine, block, most = self.hosts.training_share(ran, kept, len(problems), n)
-            # Packed, the model sees only the packed rows, so the row layout the loss reads
-            # takes the most a host can keep and the update's shapes vary with one count.
+            mine, block = self.hosts.training_share(ran, kept, len(problems), n)
+            # The row layout the loss reads takes every rollout of the host's block, the most
+            # it can keep: the update's shapes do not depend on the step (`RLUpdate`).
             limits = self.config.limits
             batch = make_batch(block, mine, pad_id=self.pad_id,
                                seq_len=limits.max_prompt_tokens + limits.max_response_tokens,
-                               rows=len(block) if rl.packed else bucket(most, minimum=1))
+                               rows=len(block))
             check_trained_ids(batch, block, mine, self._encode_tool_response)
         return StepRollouts(step, batch, trained_versions(numbers, kept.index), metrics)
 
@@ -136,8 +135,25 @@ class RLStep:
                                  "time/sampler_wait_s": metrics["time/update_s"],
                                  "time/weight_copy_s": copied - start}
 
+    def programs(self) -> dict[str, int]:
+        """The most programs the steps compile, by JAX's names, whatever each keeps: the
+        update's, the sampler's, the trainer -> sampler copy when there is one, the step's
+        keys and counter. (The algorithm's selection and advantages compile theirs when it is
+        checked, at the run's shape: `check_algorithm`.)"""
+        copy = {"jit(cast)": 1} if self.copy.rollout is not None or self.config.rl.max_staleness else {}
+        return (self.update.programs() | self.sampler.programs() | copy
+                | {"jit(_step_keys)": 1, "jit(_set_step)": 1})
+
     def _encode_tool_response(self, text: str) -> list[int]:
         return chat.encode_tool_response(self.tokenizer, text, self.fmt)
+
+
+@jax.jit
+def _step_keys(rng: jax.Array, step: int | jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Step ``step``'s sampling seed and selection key, from the run's key: one program, the
+    step traced (eager `jax.random` calls would be a program each)."""
+    key = jax.random.fold_in(rng, step)
+    return jax.random.randint(key, (), 0, 2**31 - 1), jax.random.fold_in(key, 1)
 
 
 @jax.jit

@@ -24,11 +24,19 @@ moved policy and clipping starts to act.
 Packed (``rl.packed``, the default): the rows go to the model packed, several rollouts per row
 (`rstar2_jax.train.packing`), and the per-token log-probs (and entropies) come back gathered
 into the layout above, one rollout per row, which is what the rollout correction, the metrics
-and the loss see: each of them is the same function of the same arrays as unpacked. Each mini-
-and micro-batch packs its own rollouts (packing groups), the ones it would train on unpacked.
+and the loss see: each of them is the same function of the same arrays as unpacked.
 
-Every distinct (rows, seq) shape compiles once; bucket them in the caller. Packed shapes are
-`PackShapes`' (logged at the first update).
+Micro-batches have one shape for the whole run, whatever a step keeps: ``rl.micro_batch_size``
+rows of ``seq`` tokens (packed: up to that many rows' segment slots of rollouts; unpacked: one
+rollout a row), and a mini-batch takes as many as its rollouts fill (`micro_batches`). So the
+update is six programs, compiled at its first step (`RLUpdate.describe`): the log-prob pass of
+a micro-batch (one more with a reference policy), the step's statistics and rollout correction
+on the layout above, a micro-batch's rows of that layout (`micro_batch_layout`), an empty
+gradient accumulator, a micro-batch's gradient added to it, and the optimizer update. The
+gradient program reads only its micro-batch: gathering its rows out of the whole sharded layout
+in that program put collectives beside the model's layer loop that nothing ordered after the
+loop, and on XLA:CPU's 8 devices of a 4 x 2 mesh some devices waited at the loop's all-reduce
+while the others waited at the gather's collective-permute, until XLA ended the process.
 """
 from __future__ import annotations
 
@@ -53,10 +61,12 @@ from rstar2_jax.algorithms import (
 from rstar2_jax.algorithms.algorithm import LossFn
 from rstar2_jax.errors import ConfigError, MismatchError
 from rstar2_jax.model import ModelConfig, target, token_logprobs
+from rstar2_jax.parallel import hosts
 from rstar2_jax.parallel.sharding import batch_spec, named_shardings, place_batch, process_fsdp_shards
 from rstar2_jax.train.configs import RLConfig, RLJobConfig
-from rstar2_jax.train.packing import PackShapes, gather_index, pack_across_processes, pack_tokens
-from rstar2_jax.train.step import TrainState, make_train_step, metric_reduction
+from rstar2_jax.train.packing import Packing, PackShapes, gather_index, micro_batches, pack_tokens
+from rstar2_jax.train.step import (Accumulator, TrainState, add_micro_batch, apply_update,
+                                   metric_reduction, state_shardings, zero_accumulator)
 
 log = logging.getLogger(__name__)
 
@@ -117,50 +127,62 @@ def _trainer_logprobs(params, rows: dict, *, model_config: ModelConfig, config: 
     return jax.tree.map(lambda x: x.reshape(-1)[rows["gather"]], packed)
 
 
-def _old_logprobs(params, shifted, *, model_config: ModelConfig, config: RLConfig, chunks: int,
-                  return_entropy: bool = True):
-    """Trainer log-probs [rows, seq-1] and, with ``return_entropy``, entropies (no gradient),
-    ``chunks`` row chunks at a time (strided, like the train step's micro-batches; packed rows
-    and their gather index alike)."""
-    def split(x):
-        return jnp.swapaxes(x.reshape(x.shape[0] // chunks, chunks, *x.shape[1:]), 0, 1)
-
-    def merge(x):
-        return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
-
-    def one(rows):
-        return _trainer_logprobs(params, rows, model_config=model_config, config=config,
-                                 return_entropy=return_entropy)
-
-    keys = [k for k in ("inputs", "targets", "attention_mask", "segment_lengths", "gather") if k in shifted]
-    return jax.tree.map(merge, jax.lax.map(one, {k: split(shifted[k]) for k in keys}))
-
-
 def _lengths(attention_mask):
     """Real tokens per right-padded row [rows] of attention_mask [rows, seq]."""
     return jnp.sum(attention_mask, axis=1, dtype=jnp.int32)
 
 
-def pack_rows(batch: dict, shifted: dict, shapes: PackShapes, groups: int) -> dict:
-    """``shifted`` (`_shift` of ``batch``, this process's rows) with its token rows packed
-    (``inputs``, ``targets``, ``segment_lengths``) and the ``gather`` index of each rollout's
-    values in them (`_trainer_logprobs`); the per-target arrays stay one rollout per row.
-    Rollout i is in packing group i % ``groups`` (the step's mini- and micro-batches take every
-    ``groups``-th row). A rollout with no loss token (a padding row) is left out of the rows."""
-    seq = batch["tokens"].shape[1]
+def micro_batch_rows(batch: dict, shapes: PackShapes, rows: int, mini_batches: int, *,
+                     packed: bool) -> list[list[dict]]:
+    """This process's rows of ``batch`` (`RLUpdate`'s input, padded) as the update's micro-batches:
+    for each of the ``mini_batches`` mini-batches (rollouts j, j + n, ... of the layout), host
+    arrays of its micro-batches, as many as its rollouts need (the most any process needs)
+    and each of one shape: ``rows`` rows (this process's share) of ``shapes.max_tokens`` tokens,
+    ``inputs`` and ``targets`` `[rows, seq - 1]`, and per sequence slot, ``index`` `[slots]`
+    (the rollout's row in all processes' layout; past its end for an empty slot). Packed:
+    ``segment_lengths`` `[rows, segments]` and ``gather`` `[slots, seq - 1]` (where each slot's
+    values are in the micro-batch's packed ones, `_trainer_logprobs`), ``rows * segments``
+    slots; unpacked: one rollout a row (``attention_mask`` `[rows, seq - 1]`; a row without
+    one attends to itself), the rows its slots. A rollout with no loss token is left out."""
+    layout_rows, seq = batch["tokens"].shape
     has_loss = batch["loss_mask"].any(axis=1)
-    lengths = np.where(has_loss, batch["attention_mask"].sum(axis=1), 0).tolist()
-    packing = pack_across_processes(lengths, shapes, groups)
-    rows = pack_tokens(batch["tokens"], lengths, packing, pad_id=0)
-    first_row = jax.process_index() * len(packing.rows) // groups  # rows placed before ours
-    packed = {"inputs": rows[:, :-1], "targets": rows[:, 1:],
-              "segment_lengths": packing.segment_lengths(lengths),
-              "gather": gather_index(packing, lengths, seq, groups, first_row)}
-    return {k: v for k, v in shifted.items() if k not in ("inputs", "targets", "attention_mask")} | packed
+    lengths = np.where(has_loss, batch["attention_mask"].sum(axis=1), 0)
+    slots = rows * shapes.segments
+    end, first_row = layout_rows * jax.process_count(), layout_rows * jax.process_index()
+    plans = [micro_batches(lengths[j::mini_batches].tolist(), shapes, rows, slots)
+             for j in range(mini_batches)]
+    if jax.process_count() > 1:  # every process runs the most micro-batches any one needs
+        most = hosts.gather(np.array([[len(p) for p in plans]]), channel="train").max(axis=0)
+        empty = Packing(((),) * rows, shapes.max_tokens, shapes.segments)
+        plans = [p + [empty] * (int(k) - len(p)) for p, k in zip(plans, most)]
+    out = []
+    for j, plan in enumerate(plans):
+        members = np.arange(j, layout_rows, mini_batches)
+        local = lengths[members].tolist()
+        tokens = batch["tokens"][members]
+        mini = []
+        for packing in plan:
+            order = [i for row in packing.rows for i in row]
+            index = np.full(slots, end, np.int32)
+            index[:len(order)] = first_row + members[order]
+            rows_tokens = pack_tokens(tokens, local, packing, pad_id=0)
+            mb = {"inputs": rows_tokens[:, :-1], "targets": rows_tokens[:, 1:], "index": index}
+            if packed:
+                gather = np.zeros((slots, seq - 1), np.int32)
+                gather[:len(order)] = gather_index(packing, local, seq, first_row=jax.process_index() * rows,
+                                                   order=order)
+                mb |= {"segment_lengths": packing.segment_lengths(local), "gather": gather}
+            else:
+                used = np.array([local[row[0]] if row else seq for row in packing.rows])
+                mb["attention_mask"] = (np.arange(seq - 1)[None] < used[:, None]).astype(np.int32)
+            mini.append(mb)
+        out.append(mini)
+    return out
 
 
 class RLUpdate:
-    """``update(state, batch) -> (state, metrics)`` for one RL step; compiled once per shape.
+    """``update(state, batch) -> (state, metrics)`` for one RL step; six programs for the run
+    (module docstring), whatever the steps keep.
 
     ``loss`` is the algorithm's policy loss (`rstar2_jax.algorithms.Algorithm.loss`, resolved
     once, by `run_rl`). The update trains with `train_loss` of it: the run's entropy bonus and
@@ -177,7 +199,7 @@ class RLUpdate:
     (``rollout_correction/*``: `rstar2_jax.algorithms.apply_correction`); and every metric of
     the loss (GRPO-RoC's: ``clip_low_frac``, ``clip_high_frac``, ``approx_kl``, ``ratio_mean``,
     ``ratio_max``), averaged as the loss averages (over the step's tokens or sequences),
-    ``entropy_loss`` / ``kl_loss`` among them when ``rl.entropy_coef`` / ``rl.kl_coef`` is set.
+    ``entropy_loss`` / ``kl_loss`` when ``rl.entropy_coef`` / ``rl.kl_coef`` is set.
     With a reference: ``ref_kl``, the k3 estimate of KL(policy || reference) before the update
     (nats/token, mean over the step's loss tokens).
     """
@@ -190,29 +212,51 @@ class RLUpdate:
             raise ValueError(f"rl.reference={config.reference}, and the update was given "
                              f"{'no' if reference is None else 'a'} reference policy")
         self._reference = reference
-        self._fsdp = mesh.shape["fsdp"]
-        if config.micro_batch_size is not None and config.micro_batch_size % self._fsdp:
+        fsdp = mesh.shape["fsdp"]
+        # One row per data-parallel device by default: the memory of one rollout budget each.
+        self.micro_rows = config.micro_batch_size or fsdp
+        if self.micro_rows % fsdp:
             raise ValueError(f"rl.micro_batch_size={config.micro_batch_size} rows cannot be split "
-                             f"over fsdp={self._fsdp} devices")
-        self._rows = NamedSharding(mesh, batch_spec())
-        self._param_shardings = named_shardings(mesh, param_specs)
-        loss = train_loss(loss, config)
-        loss = functools.partial(rl_loss, model_config=model_config, config=config, loss=loss)
-        self._steps = {}  # micro-batches per update -> jitted train step
-        self._old_passes = {}  # row chunks -> jitted old log-prob pass
-        self._make_step = lambda micro: make_train_step(
-            loss, optimizer, micro_batches=micro, mesh=mesh, param_specs=param_specs, params=params)
-        # Mini-batch j: rows j, j + n, ... (n = mini_batches); strided, so balanced over devices.
-        self._mini_batch = jax.jit(
-            lambda rows, j: jax.tree.map(lambda x: x[j::config.mini_batches], rows),
-            static_argnums=1, out_shardings=self._rows)
-        self._logged_shapes = False
+                             f"over fsdp={fsdp} devices")
+        rows = NamedSharding(mesh, batch_spec())
+        params_sh = named_shardings(mesh, param_specs)
+        replicated = NamedSharding(mesh, P())
+        loss = functools.partial(rl_loss, model_config=model_config, config=config,
+                                 loss=train_loss(loss, config))
 
-    def row_multiple(self) -> int:
-        """Row counts of all processes together are padded up to a multiple of this (with rows
-        that carry no loss token)."""
-        per_update = self.config.micro_batch_size or self._fsdp
-        return self.config.mini_batches * per_update
+        acc = Accumulator(params_sh, replicated, replicated, replicated)
+        state = state_shardings(optimizer, params, mesh, param_specs)
+        self._logprobs = jax.jit(self._logprob_pass, donate_argnums=1,
+                                 in_shardings=(params_sh, rows, rows), out_shardings=rows)
+        self._statistics = jax.jit(self._step_statistics, in_shardings=rows,
+                                   out_shardings=(rows, rows, replicated))
+        self._layout_rows = jax.jit(micro_batch_layout, in_shardings=(rows, rows), out_shardings=rows)
+        self._zeros = jax.jit(functools.partial(zero_accumulator, loss), out_shardings=acc)
+        self._add = jax.jit(functools.partial(add_micro_batch, loss), donate_argnums=1,
+                            in_shardings=(params_sh, acc, rows), out_shardings=acc)
+        self._apply = jax.jit(functools.partial(apply_update, optimizer), donate_argnums=0,
+                              in_shardings=(state, acc), out_shardings=(state, replicated))
+        self._described = False
+
+    def programs(self) -> dict[str, int]:
+        """The update's programs, by JAX's names (module docstring): each compiled once."""
+        return {"jit(_logprob_pass)": 1 + (self._reference is not None), "jit(_step_statistics)": 1,
+                "jit(micro_batch_layout)": 1, "jit(zero_accumulator)": 1, "jit(add_micro_batch)": 1,
+                "jit(apply_update)": 1}
+
+    def describe(self, layout_rows: int, seq: int) -> str:
+        """One line for the run's log: the update's programs and their shapes, for a layout of
+        ``layout_rows`` rollout rows (all processes') of ``seq`` tokens."""
+        shapes = self._pack_shapes(seq)
+        slots = self.micro_rows * shapes.segments
+        rows = f"{self.micro_rows} x {seq - 1} {'packed ' if self.config.packed else ''}rows"
+        passes = "a log-prob pass" + (" and a reference pass" if self._reference is not None else "")
+        return (f"RL update: {6 + (self._reference is not None)} programs whatever a step keeps: "
+                f"{passes} of a micro-batch ({rows}, {slots} rollouts), the step's statistics on "
+                f"its {layout_rows} x {seq - 1} rollout rows, a micro-batch's rows of them, an "
+                f"empty gradient accumulator, a micro-batch's gradient, the optimizer update; "
+                f"{self.config.mini_batches} "
+                f"mini-batch(es) a step, each of the micro-batches its rollouts fill")
 
     def __call__(self, state: TrainState, batch: dict, *,
                  check: Callable[[dict[str, float]], None] | None = None,
@@ -227,72 +271,79 @@ class RLUpdate:
 
     def _update(self, state: TrainState, batch: dict, check) -> tuple[TrainState, dict[str, float]]:
         batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
-        rows = batch["tokens"].shape[0] * jax.process_count()
-        rows_per_update = rows // self.config.mini_batches
-        micro = rows_per_update // (self.config.micro_batch_size or rows_per_update)
+        layout_rows, seq = batch["tokens"].shape
+        if not self._described:
+            log.info(self.describe(layout_rows * jax.process_count(), seq))
+            self._described = True
+        plan = [[place_batch(mb, self.mesh) for mb in mini] for mini in micro_batch_rows(
+            batch, self._pack_shapes(seq), self.micro_rows * process_fsdp_shards(self.mesh)
+            // self.mesh.shape["fsdp"], self.config.mini_batches, packed=self.config.packed)]
         shifted = _shift(batch)
-        if self.config.packed:
-            shifted = self._pack(batch, shifted, groups=micro * self.config.mini_batches)
-        shifted = place_batch(shifted, self.mesh)
-        tokens = float(_count(shifted["mask"]))  # of all processes
+        zeros = np.zeros((layout_rows, seq - 1), np.float32)
+        layout = place_batch({k: shifted[k] for k in ("mask", "sampler_logp", "advantages")}
+                             | {"old_logp": zeros, "entropy": zeros}, self.mesh)
+        ref_logp = None if self._reference is None else place_batch({"logp": zeros}, self.mesh)
+        for mb in (mb for mini in plan for mb in mini):
+            layout |= self._logprobs(state.params, {k: layout[k] for k in ("old_logp", "entropy")}, mb)
+            if ref_logp is not None:
+                ref_logp = self._logprobs(self._reference, ref_logp, mb)
+        if ref_logp is not None:
+            layout["ref_logp"] = ref_logp["logp"]
+        advantages, mask, stats = self._statistics(layout)
+        stats = {k: float(v) for k, v in jax.device_get(stats).items()}
+        tokens = stats.pop("tokens")  # of all processes
         if not tokens:
             raise ValueError("the batch has no generated token to train on")
-
-        chunks = micro * self.config.mini_batches
-        if chunks not in self._old_passes:
-            self._old_passes[chunks] = self._old_pass(chunks)
-        old_logp, ref_logp, advantages, mask, stats = self._old_passes[chunks](
-            state.params, self._reference, shifted)
-        stats = {k: float(v) for k, v in jax.device_get(stats).items()}
         if check is not None:
             check(stats)
-        if micro not in self._steps:
-            self._steps[micro] = self._make_step(micro)
-        step_fn = self._steps[micro]
-        per_update = []
-        update_rows = {k: v for k, v in shifted.items() if k != "sampler_logp"}
-        update_rows |= {"old_logp": old_logp, "advantages": advantages, "mask": mask}
+        train = {"old_logp": layout["old_logp"], "advantages": advantages, "mask": mask}
         if ref_logp is not None:
-            update_rows["ref_logp"] = ref_logp
-        for j in range(self.config.mini_batches):
-            state, metrics = step_fn(state, self._mini_batch(update_rows, j))
+            train["ref_logp"] = layout["ref_logp"]
+        per_update = []
+        for mini in plan:
+            acc = None
+            for mb in mini:
+                # Its rows of the layout, in a program of their own (module docstring).
+                mb = ({k: v for k, v in mb.items() if k != "index"}
+                      | self._layout_rows(train, mb["index"]))
+                if acc is None:
+                    acc = self._zeros(state.params, mb)
+                acc = self._add(state.params, acc, mb)
+            state, metrics = self._apply(state, acc)
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {"tokens": tokens} | stats
 
-    def _pack(self, batch: dict, shifted: dict, groups: int) -> dict:
-        shapes = PackShapes(batch["tokens"].shape[1], row_multiple=process_fsdp_shards(self.mesh))
-        if not self._logged_shapes:
-            log.info("RL update %s", shapes.describe(batch["tokens"].shape[0], groups))
-            self._logged_shapes = True
-        return pack_rows(batch, shifted, shapes, groups)
+    def _pack_shapes(self, seq: int) -> PackShapes:
+        # Unpacked, a row holds one rollout: packing with one segment slot a row.
+        return PackShapes(seq) if self.config.packed else PackShapes(seq, segments=1)
 
-    def _old_pass(self, chunks: int):
-        """Jitted ``(params, reference, shifted) -> (old_logp, ref_logp, advantages, mask,
-        stats)``: the trainer's log-probs of the step's tokens, the reference's (None without
-        one), the advantages and loss mask as the rollout correction leaves them, and the step's
-        statistics."""
-        def run(params, reference, shifted):
-            logp, entropy = _old_logprobs(params, shifted, model_config=self.model_config,
-                                          config=self.config, chunks=chunks)
-            mask, sampler_logp = shifted["mask"], shifted["sampler_logp"]
-            advantages, loss_mask, corrected = apply_correction(
-                self.config.rollout_correction, shifted["advantages"], logp, sampler_logp, mask)
-            tokens = jnp.maximum(jnp.sum(mask), 1)
-            stats = ({"entropy": jnp.sum(jnp.where(mask, entropy, 0.0)) / tokens}
-                     | mismatch_metrics(logp, sampler_logp, mask) | corrected)
-            ref_logp = None
-            if reference is not None:
-                # Log-probs only: the reference's entropy is of no use.
-                ref_logp = _old_logprobs(reference, shifted, model_config=self.model_config,
-                                         config=self.config, chunks=chunks, return_entropy=False)
-                kl = kl_penalty(jnp.where(mask, logp, 0.0), jnp.where(mask, ref_logp, 0.0), "k3")
-                stats["ref_kl"] = jnp.sum(kl) / tokens
-            return logp, ref_logp, advantages, loss_mask, stats
+    def _logprob_pass(self, params, into: dict, micro: dict) -> dict:
+        """``into`` (``old_logp`` and ``entropy``, or ``logp`` alone, `[rows, seq-1]` of the
+        layout) with the values of ``params`` on ``micro``'s rollouts written in their rows."""
+        if "entropy" in into:
+            logp, entropy = _trainer_logprobs(params, micro, model_config=self.model_config,
+                                              config=self.config, return_entropy=True)
+            values = {"old_logp": logp, "entropy": entropy}
+        else:
+            values = {"logp": _trainer_logprobs(params, micro, model_config=self.model_config,
+                                                config=self.config)}
+        return {k: into[k].at[micro["index"]].set(values[k], mode="drop") for k in into}
 
-        references = None if self._reference is None else self._param_shardings
-        return jax.jit(run, in_shardings=(self._param_shardings, references, self._rows),
-                       out_shardings=(self._rows, None if references is None else self._rows,
-                                      self._rows, self._rows, NamedSharding(self.mesh, P())))
+    def _step_statistics(self, layout: dict):
+        """``(advantages, mask, stats)`` of the step's layout: the advantages and loss mask as
+        the rollout correction leaves them, and the step's statistics (``tokens``, its loss
+        tokens, among them)."""
+        logp, mask, sampler_logp = layout["old_logp"], layout["mask"], layout["sampler_logp"]
+        advantages, loss_mask, corrected = apply_correction(
+            self.config.rollout_correction, layout["advantages"], logp, sampler_logp, mask)
+        tokens = jnp.sum(mask, dtype=jnp.int32)
+        denom = jnp.maximum(tokens, 1)
+        stats = ({"entropy": jnp.sum(jnp.where(mask, layout["entropy"], 0.0)) / denom, "tokens": tokens}
+                 | mismatch_metrics(logp, sampler_logp, mask) | corrected)
+        if "ref_logp" in layout:
+            kl = kl_penalty(jnp.where(mask, logp, 0.0), jnp.where(mask, layout["ref_logp"], 0.0), "k3")
+            stats["ref_kl"] = jnp.sum(kl) / denom
+        return advantages, loss_mask, stats
 
     def _check_and_pad(self, batch: dict) -> dict:
         rows, seq = batch["tokens"].shape
@@ -307,20 +358,18 @@ class RLUpdate:
         if np.any(real[:, 1:] & ~real[:, :-1]):
             raise ValueError("attention_mask must be 1 on a prefix of each row (right padding): "
                              "the update attends by row lengths")
-        # Each process pads its rows alike: to a multiple of its fsdp shards (place_batch) that
-        # makes all processes' rows together a multiple of row_multiple.
-        total, processes = self.row_multiple(), jax.process_count()
-        pad = -rows % math.lcm(process_fsdp_shards(self.mesh), total // math.gcd(total, processes))
-        # Padding rows attend to themselves (an all-zero attention row would give NaN logits,
-        # and NaN * 0 is NaN in the backward pass) but carry no loss token.
+        # Rows split over this process's fsdp shards (place_batch) and into the mini-batches.
+        pad = -rows % math.lcm(process_fsdp_shards(self.mesh), self.config.mini_batches)
         fill = {"tokens": 0, "attention_mask": 1, "loss_mask": 0, "advantages": 0.0, "sampler_logp": 0.0}
         return {k: np.concatenate([v, np.full((pad, *v.shape[1:]), fill[k], v.dtype)])
                 for k, v in batch.items()}
 
 
-@jax.jit
-def _count(mask: jax.Array) -> jax.Array:
-    return jnp.sum(mask, dtype=jnp.int32)
+def micro_batch_layout(layout: dict, index) -> dict:
+    """A micro-batch's rows of the step's layout: row ``index[i]`` of each of ``layout``'s
+    arrays in slot i (``index`` [slots], `micro_batch_rows`), zeros for an index past its end
+    (an empty slot: no loss)."""
+    return {k: jnp.take(v, index, axis=0, mode="fill", fill_value=0) for k, v in layout.items()}
 
 
 def _combine(per_update: list[dict]) -> dict[str, float]:

@@ -70,8 +70,13 @@ COPY_PAGES = 8
 
 def sequence_keys(seed: int, count: int, first: int = 0) -> np.ndarray:
     """Raw PRNG keys `uint32[count, 2]` of sequences first..first+count-1 of a sampling call."""
-    return np.asarray(jax.vmap(jax.random.fold_in, (None, 0))(
-        jax.random.PRNGKey(seed), first + jnp.arange(count)))
+    return np.asarray(_sequence_keys(seed, np.arange(first, first + count, dtype=np.int32)))
+
+
+@jax.jit
+def _sequence_keys(seed, sequences):
+    # One program per count of sequences (eager, each operation would be one).
+    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), sequences)
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -86,6 +91,18 @@ def table_width(pages: int, page_size: int) -> int:
     """Width (pages) of a block table for rows of up to `pages` pages: a power-of-two bucket of
     at least `_MIN_TABLE_TOKENS` positions."""
     return bucket(pages, -(-_MIN_TABLE_TOKENS // page_size))
+
+
+def program_bound(max_len: int, page_size: int) -> dict[str, int]:
+    """The most programs engines for rows of up to ``max_len`` tokens compile (by JAX's names):
+    the empty page pool, a prefill per tokens-width bucket (at most `PREFILL_WIDTH`; prefills take the widest block
+    table), a decode chunk per block-table width, the page copy, and the sequence keys of one
+    count of sequences per sampling call (`sequence_keys`: one, when every call samples as
+    many)."""
+    widths = {min(bucket(n), PREFILL_WIDTH) for n in range(1, max_len + 1)}
+    tables = {table_width(pages, page_size) for pages in range(1, -(-max_len // page_size) + 1)}
+    return {"jit(_empty_pool)": 1, "jit(prefill)": len(widths), "jit(decode_chunk)": len(tables),
+            "jit(copy_pages)": 1, "jit(_sequence_keys)": 1}
 
 
 def least_pages(*, max_len: int, max_prompt_len: int, stage_rows: int, page_size: int) -> int:
@@ -150,6 +167,12 @@ def decode_chunk(params, pages, block_table, lengths, pending, active, budget, k
     _, cache, *_, out = jax.lax.while_loop(
         cond, body, (jnp.int32(0), cache, pending, active, budget, out))
     return cache.pools, out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _empty_pool(config, num_pages, page_size):
+    # One program (eager, the zeros and the casts would be one each).
+    return tuple(as_bits(pool) for pool in empty_pages(config, num_pages, page_size))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forward_fn"), donate_argnums=(1,))
@@ -230,8 +253,8 @@ class Engine:
         self.sampling = sampling
         self.forward_fn = forward_fn
         with self._on_params_devices():
-            self.stop_ids = jnp.asarray(sorted(set(stop_tokens)), jnp.int32)
-            self.pages = tuple(as_bits(pool) for pool in empty_pages(config, num_pages, page_size))
+            self.stop_ids = np.asarray(sorted(set(stop_tokens)), np.int32)
+            self.pages = _empty_pool(config, num_pages, page_size)
         self.prompts_prefilled = 0  # prompt prefills run (each shared by all samples of it)
         self.decode_calls = 0
         self.decode_steps = 0  # model steps run by decode calls (each for all running rows)
@@ -479,7 +502,7 @@ class Engine:
             self.pages, out = decode_chunk(
                 self.params, self.pages, self._table([self.tables[r] for r in runs], self.num_slots),
                 slots(self.written.astype(np.int32)), slots(self.pending), live,
-                slots(self.budget), slots(self.keys), self.stop_ids, jnp.int32(min_stops),
+                slots(self.budget), slots(self.keys), self.stop_ids, np.int32(min_stops),
                 config=self.config, sampling=self.sampling, chunk=self.chunk,
                 forward_fn=self.forward_fn,
             )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import logging
 import threading
@@ -47,7 +48,7 @@ import numpy as np
 
 from rstar2_jax import chat
 from rstar2_jax.model import ModelConfig, forward_cached
-from rstar2_jax.sampler.engine import STAGE_ROWS, Engine
+from rstar2_jax.sampler.engine import STAGE_ROWS, Engine, program_bound
 from rstar2_jax.sampler.memory import MemoryPlan, check_plan, device_budget, plan_memory
 from rstar2_jax.sampler.feeder import PromptFeeder
 from rstar2_jax.sampler.sampling import SamplingParams
@@ -178,11 +179,16 @@ def session_seed(seed: int, sequence: int) -> int:
 
 def _cast(params, dtype):
     """``params`` with every floating array in ``dtype`` (the same arrays if they already are)."""
-    def cast(x):
-        floating = jnp.issubdtype(x.dtype, jnp.floating)
-        return x.astype(dtype) if floating and x.dtype != dtype else x
+    if all(x.dtype == dtype or not jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(params)):
+        return params
+    return _cast_tree(params, dtype)
 
-    return jax.tree.map(cast, params)
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast_tree(params, dtype):
+    # One program for the whole tree (eager, a cast would be one per array shape).
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                        params)
 
 
 class RolloutStopped(Exception):
@@ -243,6 +249,12 @@ class AgentSampler:
             raise ValueError("rollout.on_weight_update=finish: rollouts finish on the weights "
                              "they started with; set keep or recompute to take new weights")
         self.weight_updates.post(params, version)
+
+    def programs(self) -> dict[str, int]:
+        """The most programs this sampler's rollouts compile, by JAX's names
+        (`rstar2_jax.sampler.engine.program_bound`, and the cast to the serving dtype)."""
+        max_len = self.limits.max_prompt_tokens + self.limits.max_response_tokens
+        return program_bound(max_len, self.settings.page_size) | {"jit(_cast_tree)": 1}
 
     def _take_weight_update(self, engine: Engine) -> bool:
         """Serves the newest weights posted, if newer than the engine's; returns whether."""

@@ -293,7 +293,7 @@ class Checkpointer:
             if _fingerprint_dict(restored[part]) != meta["fingerprints"][part]:
                 raise CorruptCheckpointError(f"{part} do not match their fingerprints")
         opt_state = like.opt_state if params_only else restored["opt_state"]
-        step_array = jax.device_put(jnp.asarray(step, jnp.int32), like.step.sharding)
+        step_array = jax.device_put(np.int32(step), like.step.sharding)
         rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32), impl=meta["rng_impl"])
         versions = {int(v): params for v, params in restored["versions"].items()} if (
             "versions" in items) else {}

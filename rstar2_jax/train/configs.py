@@ -218,12 +218,14 @@ class RLConfig:
     default, drops groups of equal rewards and keeps ``group_size`` (G) of 2G), computes their
     advantages and defines the loss: a name of ``rstar2_jax.algorithms.ALGORITHMS`` or an import
     path ``package.module:object``. The kept rollouts are split into ``mini_batches`` optimizer
-    updates, each accumulated over micro-batches of ``micro_batch_size`` rows (rollouts).
-    ``packed`` (the default) packs the rollouts of each update into rows of the prompt +
-    response budget, each attending only to itself (`rstar2_jax.train.packing`): the same loss,
-    metrics and gradients as one rollout per row padded to the budget (``packed=false``), for
-    the tokens of the rollouts rather than of the padding; the update compiles once per packed
-    row count it meets (docs/benchmarks.md, "Packed update batches").
+    updates, each accumulated over as many micro-batches as its rollouts fill, of one shape
+    for the run: ``micro_batch_size`` rows of the prompt + response budget per forward/backward
+    (its activation memory; default one row per ``mesh.fsdp`` device). ``packed`` (the default)
+    packs several rollouts into a row, each attending only to itself
+    (`rstar2_jax.train.packing`): the same loss, metrics and gradients as one rollout per row
+    padded to the budget (``packed=false``), for the tokens of the rollouts rather than of the
+    padding. The update compiles six programs, whatever a step keeps (`rstar2_jax.rl.update`;
+    docs/benchmarks.md, "Compilation of the main job").
 
     ``rollout_correction`` corrects the update of any algorithm for the gap between the
     sampler's log-probs and the trainer's (importance weights, masking; off by default:
@@ -258,7 +260,7 @@ class RLConfig:
     temperature: float = 1.0
     max_prompt_tokens: int = 2048
     mini_batches: int = 1
-    micro_batch_size: int | None = None
+    micro_batch_size: int | None = None  # rows of the budget per pass; None: one per fsdp device
     logprob_chunk: int = 256  # sequence positions per chunk of the [batch, chunk, vocab] logits
     remat: bool = False
     packed: bool = True

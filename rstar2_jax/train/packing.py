@@ -12,6 +12,10 @@ many sequences), and only the row count varies, from eighth-octave buckets (1 to
 ..., 32, 36, 40, ...: at most 12.5% above the rows needed) times the row multiple. Sequences go
 to rows first-fit decreasing.
 
+The RL update packs into micro-batches of one shape for the whole run instead
+(`micro_batches`): a fixed number of rows and of sequences each, and as many micro-batches as
+a step's sequences fill, so that it compiles nothing per step whatever the step keeps.
+
 Groups: sequence i goes to group i % groups and every row holds sequences of one group; row r is
 group r % groups's. A train step that takes rows j, j + n, ... as its mini- or micro-batch
 (n dividing ``groups``) then trains on the same sequences as with one sequence per row.
@@ -164,6 +168,30 @@ def pack(lengths: Sequence[int], shapes: PackShapes, groups: int = 1) -> Packing
     return Packing(tuple(rows), shapes.max_tokens, shapes.segments)
 
 
+def micro_batches(lengths: Sequence[int], shapes: PackShapes, rows: int,
+                  sequences: int) -> list[Packing]:
+    """The sequences of ``lengths`` tokens (0: left out) packed into micro-batches of one shape,
+    as many as they need: each a `Packing` of exactly ``rows`` rows of ``shapes``, holding at most
+    ``sequences`` sequences (at least ``shapes.segments``). Sequences go to rows first-fit
+    decreasing, rows to micro-batches in that order; a micro-batch closes when its rows or its
+    sequences are full. At least one micro-batch, empty when no sequence is. Raises ValueError
+    for a sequence longer than ``shapes.max_tokens``."""
+    if sequences < shapes.segments:
+        raise ValueError(f"micro-batches of {sequences} sequences cannot hold a row of "
+                         f"{shapes.segments}")
+    lengths = [int(n) for n in lengths]
+    if max(lengths, default=0) > shapes.max_tokens:
+        raise ValueError(f"a sequence has {max(lengths)} tokens, more than the {shapes.max_tokens} "
+                         "a packed row may hold")
+    batches: list[list[tuple[int, ...]]] = [[]]
+    for row in first_fit_decreasing(lengths, shapes.max_tokens, shapes.segments):
+        if len(batches[-1]) == rows or sum(map(len, batches[-1])) + len(row) > sequences:
+            batches.append([])
+        batches[-1].append(tuple(row))
+    return [Packing(tuple(b) + ((),) * (rows - len(b)), shapes.max_tokens, shapes.segments)
+            for b in batches]
+
+
 def pack_tokens(tokens: np.ndarray, lengths: Sequence[int], packing: Packing, pad_id: int) -> np.ndarray:
     """int32 `[rows, row_tokens]`: the first ``lengths[i]`` tokens of each row i of ``tokens``
     `[sequences, seq]` where ``packing`` places them, ``pad_id`` elsewhere."""
@@ -174,19 +202,23 @@ def pack_tokens(tokens: np.ndarray, lengths: Sequence[int], packing: Packing, pa
     return out
 
 
-def gather_index(packing: Packing, lengths: Sequence[int], seq: int, groups: int,
-                 first_row: int = 0) -> np.ndarray:
+def gather_index(packing: Packing, lengths: Sequence[int], seq: int, groups: int = 1,
+                 first_row: int = 0, order: Sequence[int] | None = None) -> np.ndarray:
     """int32 `[sequences, seq - 1]`: where the train step finds sequence i's per-target values
     (position t predicting token t + 1) among its micro-batch's packed ones `[rows, row_tokens
     - 1]` flattened. The step's micro-batch (or mini-batch, or row chunk) takes every
     ``groups``-th row, so row r is its micro-batch's row ``first_row + r // groups``
-    (``first_row``: this process's first, when several feed one batch). Positions past a
-    sequence's end, and sequences left out, point at 0: their values are garbage, masked as one
-    sequence per row masks them."""
+    (``first_row``: this process's first, when several feed one batch). ``order``: the
+    sequences to index, one output row each in that order (default: all of ``lengths``).
+    Positions past a sequence's end, and sequences left out, point at 0: their values are
+    garbage, masked as one sequence per row masks them."""
     width = packing.row_tokens - 1
-    out = np.zeros((len(lengths), seq - 1), np.int32)
-    for i, (row, start) in enumerate(packing.places(lengths)):
+    places = packing.places(lengths)
+    order = range(len(lengths)) if order is None else order
+    out = np.zeros((len(order), seq - 1), np.int32)
+    for k, i in enumerate(order):
+        row, start = places[i]
         if row >= 0:
             n = lengths[i] - 1
-            out[i, :n] = (first_row + row // groups) * width + start + np.arange(n)
+            out[k, :n] = (first_row + row // groups) * width + start + np.arange(n)
     return out

@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -44,12 +45,18 @@ def state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: 
     param_sh = named_shardings(mesh, param_specs)
     replicated = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(optimizer.init, params)
-    # optax builds a state of placeholders eagerly: on this process's own default device, which
-    # a compile-only target (`rstar2_jax.model.target`) is not.
-    with jax.default_device(None):
-        opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
-                                       transform_non_params=lambda _: replicated)
-    return TrainState(param_sh, opt_sh, replicated)
+    found = []
+
+    def opt_shardings():
+        # Traced, not run: tree_map_params calls the optimizer's init, which would otherwise
+        # compile a program for each operation of its learning-rate schedule (and run it on
+        # this process's default device, which a compile-only target, `rstar2_jax.model.target`,
+        # is not).
+        found.append(optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
+                                           transform_non_params=lambda _: replicated))
+
+    jax.eval_shape(opt_shardings)
+    return TrainState(param_sh, found[0], replicated)
 
 
 def init_train_state(params: Any, optimizer: optax.GradientTransformation, *,
@@ -60,7 +67,61 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation, *,
     shardings = state_shardings(optimizer, params, mesh, param_specs)
     params = jax.device_put(params, shardings.params)
     opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
-    return TrainState(params, opt_state, jax.device_put(jnp.asarray(step, jnp.int32), shardings.step))
+    return TrainState(params, opt_state, jax.device_put(np.int32(step), shardings.step))
+
+
+class Accumulator(NamedTuple):
+    """Sums over the micro-batches of one update: float32 ``grads`` like the params, the loss
+    sum, the loss's count and its metric sums (maxima and minima for the names
+    `metric_reduction` says)."""
+
+    grads: Any
+    loss_sum: jax.Array
+    count: jax.Array
+    metrics: dict
+
+
+def zero_accumulator(loss_fn: LossFn, params: Any, micro_batch: dict) -> Accumulator:
+    """The empty sums of ``loss_fn``'s updates on micro-batches shaped like ``micro_batch``
+    (arrays or abstract shapes)."""
+    metric_zeros = {k: jnp.full(m.shape, _IDENTITY[metric_reduction(k)], jnp.float32)
+                    for k, m in jax.eval_shape(loss_fn, params, micro_batch)[2].items()}
+    return Accumulator(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+                       jnp.float32(0), jnp.float32(0), metric_zeros)
+
+
+def add_micro_batch(loss_fn: LossFn, params: Any, acc: Accumulator, micro_batch: dict) -> Accumulator:
+    """``acc`` plus the gradient, loss sum, count and metrics of ``loss_fn`` on ``micro_batch``."""
+    def sum_loss(p):
+        loss_sum, count, metrics = loss_fn(p, micro_batch)
+        return loss_sum, (loss_sum, count, metrics)
+
+    g, (loss_sum, count, metrics) = jax.grad(sum_loss, has_aux=True)(params)
+    return Accumulator(jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc.grads, g),
+                       acc.loss_sum + loss_sum, acc.count + count,
+                       {k: _COMBINE[metric_reduction(k)](acc.metrics[k], metrics[k]) for k in acc.metrics})
+
+
+def apply_update(optimizer: optax.GradientTransformation, state: TrainState,
+                 acc: Accumulator) -> tuple[TrainState, dict]:
+    """One optimizer update of ``state`` by the token-mean gradient of ``acc``, and its metrics
+    (`make_train_step`'s); skipped (params and optimizer state as they were) when the loss or
+    the gradient is not finite."""
+    # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(acc.count, 1.0), acc.grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(acc.loss_sum) & jnp.all(jnp.stack(
+        [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
+    denom = jnp.maximum(acc.count, 1.0)
+    metrics = {name: value / denom if metric_reduction(name) == "mean" else value
+               for name, value in acc.metrics.items()}
+    metrics |= {"loss": acc.loss_sum / denom, "tokens": acc.count,
+                "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state),
+                "update/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)}
+    return TrainState(params, opt_state, state.step + 1), metrics
 
 
 def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batches: int,
@@ -76,7 +137,7 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
     to the params' layout; left to itself the compiler may replicate it on every device.
 
     Returns:
-      (mean_grads float32 like params, loss_sum [], token_count [], metric_sums dict of []).
+      the `Accumulator` of the micro-batches' sums.
     """
     rows = {x.shape[0] for x in jax.tree.leaves(batch)}
     if any(n % micro_batches for n in rows):
@@ -87,31 +148,18 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, micro_batche
         x = x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:])
         return jnp.swapaxes(x, 0, 1)
 
-    def sum_loss(p, mb):
-        loss_sum, count, metrics = loss_fn(p, mb)
-        return loss_sum, (loss_sum, count, metrics)
+    def constrain(acc):
+        if grad_shardings is None:
+            return acc
+        return acc._replace(grads=jax.lax.with_sharding_constraint(acc.grads, grad_shardings))
 
-    grad_fn = jax.grad(sum_loss, has_aux=True)
+    def body(acc, mb):
+        return constrain(add_micro_batch(loss_fn, params, acc, mb)), None
 
-    def body(carry, mb):
-        grads, loss_sum, count, metrics = carry
-        g, (l, c, m) = grad_fn(params, mb)
-        grads = constrain(jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g))
-        metrics = {k: _COMBINE[metric_reduction(k)](metrics[k], m[k]) for k in metrics}
-        return (grads, loss_sum + l, count + c, metrics), None
-
-    def constrain(tree):
-        return tree if grad_shardings is None else jax.lax.with_sharding_constraint(tree, grad_shardings)
-
-    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
-    first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
-    metric_zeros = {k: jnp.full(m.shape, _IDENTITY[metric_reduction(k)], jnp.float32)
-                    for k, m in jax.eval_shape(loss_fn, params, first)[2].items()}
-    init = (zeros, jnp.float32(0), jnp.float32(0), metric_zeros)
-    (grads, loss_sum, count, metrics), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
-    # An all-masked batch has no gradient; divide by 1 rather than produce NaNs.
-    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
-    return grads, loss_sum, count, metrics
+    split_batch = jax.tree.map(split, batch)
+    first = jax.tree.map(lambda x: x[0], split_batch)
+    acc, _ = jax.lax.scan(body, constrain(zero_accumulator(loss_fn, params, first)), split_batch)
+    return acc
 
 
 def metric_reduction(name: str) -> str:
@@ -155,22 +203,9 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     shardings = None if mesh is None else state_shardings(optimizer, params, mesh, param_specs)
 
     def step(state: TrainState, batch: dict):
-        grads, loss_sum, count, metric_sums = accumulate_gradients(
-            loss_fn, state.params, batch, micro_batches,
-            None if shardings is None else shardings.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        finite = jnp.isfinite(loss_sum) & jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                         (params, opt_state), (state.params, state.opt_state))
-        denom = jnp.maximum(count, 1.0)
-        metrics = {name: value / denom if metric_reduction(name) == "mean" else value
-                   for name, value in metric_sums.items()}
-        metrics |= {"loss": loss_sum / denom, "tokens": count,
-                    "grad_norm": optax.tree.norm(grads), "lr": current_lr(opt_state),
-                    "update/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)}
-        return TrainState(params, opt_state, state.step + 1), metrics
+        acc = accumulate_gradients(loss_fn, state.params, batch, micro_batches,
+                                   None if shardings is None else shardings.params)
+        return apply_update(optimizer, state, acc)
 
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
