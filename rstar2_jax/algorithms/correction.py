@@ -216,20 +216,18 @@ def _kept_ratio(old_logp, sampler_logp, mask, low: float, high: float):
     """``(weights, zeroed)``: rho_t on the loss tokens with low <= rho_t <= high (in log space;
     low = 0 bounds nothing), 0 elsewhere; ``zeroed`` the loss tokens outside."""
     mask = jnp.asarray(mask).astype(bool)
-    log_rho = log_ratios(old_logp, sampler_logp, mask)
-    inside = log_rho <= math.log(high)
-    if low > 0:
-        inside &= log_rho >= math.log(low)
-    kept = mask & inside
-    return jax.lax.stop_gradient(jnp.where(kept, jnp.exp(log_rho), 0.0)), mask & ~inside
+    kept = ratio_in_range(old_logp, sampler_logp, mask, "token", low, high)
+    rho = jnp.exp(log_ratios(old_logp, sampler_logp, mask))
+    return jax.lax.stop_gradient(jnp.where(kept, rho, 0.0)), mask & ~kept
 
 
 def ratio_in_range(old_logp, sampler_logp, mask, level: Level, low: float, high: float):
     """`[batch, seq]` bool: the loss tokens whose ratio at ``level`` lies in [low, high]
-    (compared in log space, so a ratio beyond float range is still out)."""
+    (compared in log space, so a ratio beyond float range is still out; low = 0 bounds
+    nothing)."""
     mask = jnp.asarray(mask).astype(bool)
     log_rho = log_ratios(old_logp, sampler_logp, mask, level)
-    inside = (log_rho >= math.log(low)) & (log_rho <= math.log(high))
+    inside = (log_rho >= (math.log(low) if low > 0 else -math.inf)) & (log_rho <= math.log(high))
     return mask & jnp.broadcast_to(inside, mask.shape)
 
 
