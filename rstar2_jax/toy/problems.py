@@ -190,8 +190,12 @@ _GENERATORS: dict[str, Callable[[random.Random], ToyProblem]] = {
     "mod_inverse": _mod_inverse,
 }
 KINDS: tuple[str, ...] = tuple(_GENERATORS)
-# The main job's mix: every kind whose natural program is right.
-DEFAULT_KINDS: tuple[str, ...] = KINDS[:5]
+# The main job's mix: the kinds whose natural program is right, less gcd_lcm. Its four numbers
+# (about 14 digits) are more than the 2-layer toy model learns to copy: after RL it answered 2% of
+# them (seed 0; the other kinds 50-79%), and its miscopied calls (leading zeros, garbled
+# programs) were most of the tool errors that rose after RL (docs/toy.md, "The outcome over
+# seeds"). The testbed's mixes keep it.
+DEFAULT_KINDS: tuple[str, ...] = ("mod_product", "digit_sum_power", "count_primes", "divisor_count")
 
 
 def check_kinds(kinds: Sequence[str]) -> None:
