@@ -6,6 +6,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,8 @@ from rstar2_jax.config import ConfigError, load_config
 from rstar2_jax.sandbox import SandboxPool, render_result
 from rstar2_jax.toy import testbed
 from rstar2_jax.toy.build import build_toy_data
-from rstar2_jax.toy.failures import failure_kind, first_call_outcomes, is_slip, positive_failures
+from rstar2_jax.toy.failures import (failure_kind, first_call_outcomes, is_slip, outcome_shares, positive_failures,
+                                    sample_outcome)
 from rstar2_jax.toy.problems import DEFAULT_KINDS
 from rstar2_jax.toy.sft_data import load_demos
 from rstar2_jax.toy.testbed import (
@@ -34,7 +37,8 @@ from rstar2_jax.toy.testbed import (
 Config = testbed.TestbedConfig  # imported under another name: pytest collects Test* classes
 
 PNG = b"\x89PNG\r\n\x1a\n"
-SESSIONS_CONFIG = Path(__file__).parents[1] / "experiments" / "toy" / "testbed_sessions.yaml"
+REPO = Path(__file__).parents[1]
+SESSIONS_CONFIG = REPO / "experiments" / "toy" / "testbed_sessions.yaml"
 STALENESS_CONFIG = SESSIONS_CONFIG.with_name("testbed_staleness.yaml")
 
 
@@ -265,7 +269,9 @@ def test_the_default_grid_is_stateless_and_the_session_environment_is_one_file_a
     assert default.data.kinds == list(testbed.TESTBED_KINDS)
     cfg = load_config(Config, SESSIONS_CONFIG)
     assert cfg.demo.data.tool_session and cfg.demo.rollout.tool_session
-    assert cfg.demo.data.kinds == list(DEFAULT_KINDS) and cfg.out == "runs/testbed_sessions"
+    # The five kinds it was measured on: the main job's mix before it dropped gcd_lcm.
+    assert cfg.demo.data.kinds == [*DEFAULT_KINDS[:3], "gcd_lcm", DEFAULT_KINDS[3]]
+    assert cfg.out == "runs/testbed_sessions"
     assert dataclasses.replace(cfg.demo, data=default.data, rollout=default.rollout) == default
 
 
@@ -374,3 +380,52 @@ def test_the_staleness_arms_join_either_environments_grid():
                 for name, c in variants.items()} == {
             "k2_icepop": (rules["k2_icepop"], 2, 1, 1e-3), "k2_icepop_lr": (rules["k2_icepop"], 2, 1, 2.5e-4),
             "k2_icepop_mb4": (rules["k2_icepop"], 2, 4, 2.5e-4)}
+
+
+def _answered(question, boxed, *calls, reward=0.0, finish="answer"):
+    return {"problem": 0, "question": question, "reward": reward, "finish_reason": finish,
+            "response_text": f"It printed it.</reason>\n<answer>\\boxed{{{boxed}}}</answer>",
+            "tool_calls": [{"code": code, "status": status, "response": response} for code, status, response in calls]}
+
+
+def test_sample_outcome_tells_why_a_held_out_answer_is_wrong():
+    q = "What is 10433 * 984415 mod 9696?"
+    ran = lambda code, out: (code, "ok", f"Tool call success\nstdout: {out}")
+    cases = {
+        "right": _answered(q, "2827", ran("print(10433 * 984415 % 9696)", "2827"), reward=1.0),
+        "unfinished": _answered(q, "", ran("print(10433 * 984415 % 9696)", "2827"), finish="budget"),
+        "no_tool": _answered(q, "17"),
+        "failed_call": _answered(q, "17", ("pritn(1)", "error", NAME[1]), ("print(2)", "timeout", TIMEOUT[1])),
+        # One digit dropped: 10433 -> 1043.
+        "miscopied": _answered(q, "5", ran("print(1043 * 984415 % 9696)", "5")),
+        # The program is right and ran (after a failing call), the answer is not what it printed.
+        "misread": _answered(q, "2872", ("pritn(1)", "error", NAME[1]), ran("print(10433 * 984415 % 9696)", "2827")),
+        "other_program": _answered(q, "1", ran("print(10433 * 984415 // 9696)", "1")),
+    }
+    for outcome, record in cases.items():
+        assert sample_outcome(record) == outcome, outcome
+    repeated = _answered("What is gcd(12, 12) + lcm(5, 7)?", "47", ran("print(gcd(12, 5) + lcm(5, 7))", "36"))
+    assert sample_outcome(repeated) == "miscopied"  # 12 twice in the question, once in the program
+
+
+def test_outcome_shares_split_by_kind_and_the_script_tabulates_a_run(tmp_path):
+    q = "What is 10433 * 984415 mod 9696?"
+    right = _answered(q, "2827", ("print(10433 * 984415 % 9696)", "ok", "Tool call success\nstdout: 2827"), reward=1.0)
+    head = _answered(q, "17")
+    records = [right, head, dict(head, problem=1), dict(head, problem=1)]
+    shares = outcome_shares(records, kinds=["mod_product", "gcd_lcm"])
+    assert shares["all"]["right"] == 0.25 and shares["all"]["no_tool"] == 0.75
+    assert shares["mod_product"]["right"] == 0.5 and shares["gcd_lcm"]["no_tool"] == 1.0
+    assert all(abs(sum(s.values()) - 1) < 1e-12 for s in shares.values())
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.jsonl").write_text(
+        "".join(json.dumps({"kind": k}) + "\n" for k in ["mod_product", "gcd_lcm"]))
+    for name, rows in {"eval_rl": records, "eval_sft": [head] * 4}.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(REPO / "experiments/toy/heldout_errors.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].startswith("| run, policy | right | unfinished | no_tool |")
+    sft_row, rl_row = (line.split(" | ") for line in out[2:])
+    assert sft_row[0].endswith(" sft") and sft_row[1:4] == ["0.0", "0.0", "100.0"]
+    assert rl_row[0].endswith(" rl") and rl_row[1:4] == ["25.0", "0.0", "75.0"]
+    assert rl_row[-2:] == ["0", "50 |"]  # right per kind, in name order: gcd_lcm, mod_product

@@ -13,17 +13,27 @@ per-sample JSONL, `rstar2_jax.evaluate.SampleRecord`):
   the stateless mix's demonstrated ``wrong_name`` and ``bad_json`` slips: a malformed call shows
   no more of why it failed than a garbled one).
 
+Why a held-out sample is wrong (`sample_outcome`, `OUTCOMES`): it stopped without an answer,
+answered in its head, no call worked, its working program had other numbers than the question's
+(miscopied), its answer was not what the program printed (misread), or none of these (another
+program).
+
 All shares are fractions in [0, 1].
 """
 from __future__ import annotations
 
+import collections
 import re
-from typing import Iterable
+from typing import Iterable, Sequence
+
+from rstar2_jax.rewards.extract import extract_answer
 
 FAILURE_KINDS = ("avoidable", "built_in", "other")
 # The keys of `positive_failures` and `first_call_outcomes` that are shares.
 POSITIVE_SHARES = (*FAILURE_KINDS, "positives_with_avoidable")
 FIRST_CALL_SHARES = ("slipped", "correct_after_slip", "correct_after_clean")
+OUTCOMES = ("right", "unfinished", "no_tool", "failed_call", "miscopied", "misread", "other_program")
+_NUMBER = re.compile(r"\d+")
 _NAME_ERROR = re.compile(r"^NameError: name '\w+' is not defined", re.MULTILINE)
 _FAILING_LINE = re.compile(r'File "<tool_code>", line (\d+)')
 
@@ -82,3 +92,43 @@ def first_call_outcomes(records: Iterable[dict]) -> dict | None:
     return {"samples": len(calling), "slipped": len(slipped) / len(calling),
             "correct_after_slip": sum(slipped) / len(slipped) if slipped else None,
             "correct_after_clean": sum(clean) / len(clean) if clean else None}
+
+
+def sample_outcome(record: dict) -> str:
+    """One of `OUTCOMES` for a held-out sample record (`rstar2_jax.evaluate.SampleRecord` as JSON),
+    the first that applies: ``right`` (reward 1); ``unfinished`` (no ``<answer>``: the budget,
+    the turn limit, or a turn with neither); ``no_tool`` (answered without calling the tool);
+    ``failed_call`` (no call worked); ``miscopied`` (the last working call's program lacks one
+    of the question's numbers, counted with repeats); ``misread`` (the boxed answer is not the
+    last working call's printed output); ``other_program``."""
+    if record["reward"] == 1:
+        return "right"
+    if record["finish_reason"] != "answer":
+        return "unfinished"
+    calls = record["tool_calls"]
+    if not calls:
+        return "no_tool"
+    working = [c for c in calls if c["status"] == "ok"]
+    if not working:
+        return "failed_call"
+    question = collections.Counter(_NUMBER.findall(record["question"]))
+    if question - collections.Counter(_NUMBER.findall(working[-1]["code"])):
+        return "miscopied"
+    printed = working[-1]["response"].partition("stdout:")[2].strip()
+    if extract_answer(record["response_text"]) != printed:
+        return "misread"
+    return "other_program"
+
+
+def outcome_shares(records: Sequence[dict], kinds: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """``{group: {outcome: share}}`` of the held-out ``records`` (`sample_outcome`); the group
+    ``"all"``, and with ``kinds`` (the kind of each problem, indexed by a record's ``problem``)
+    one group per kind. Each group's shares sum to 1."""
+    groups: dict[str, list[str]] = {"all": []}
+    for record in records:
+        outcome = sample_outcome(record)
+        groups["all"].append(outcome)
+        if kinds is not None:
+            groups.setdefault(kinds[record["problem"]], []).append(outcome)
+    return {group: {o: outcomes.count(o) / len(outcomes) for o in OUTCOMES}
+            for group, outcomes in groups.items() if outcomes}
