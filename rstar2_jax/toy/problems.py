@@ -101,7 +101,11 @@ def _count_primes(rng: random.Random) -> ToyProblem:
         question=f"How many primes are there from {lo} to {hi}?",
         answer=str(sum(_is_prime(n) for n in range(lo, hi + 1))),
         kind="count_primes",
-        code=f"from sympy import primepi\nprint(primepi({hi}) - primepi({lo - 1}))",
+        # The question's numbers in its order, nothing computed in the head: written as
+        # primepi(hi) - primepi(lo - 1), the program began with the second number and needed a
+        # decrement with borrows, and after RL the model wrote the right `hi` in 12% of its
+        # programs and the right `lo - 1` in none (seed 2; docs/toy.md, "The outcome over seeds").
+        code=f"from sympy import primerange\nprint(len(list(primerange({lo}, {hi} + 1))))",
         estimate=str(round((hi - lo + 1) / math.log(hi))),  # the prime number theorem
         setup=f"lo = {lo}\nhi = {hi}", imports="from sympy import primepi",
         expression="primepi(hi) - primepi(lo - 1)",
