@@ -67,9 +67,13 @@ class Step:
     def describe(self) -> str:
         tokens, computed = int(self.lengths.sum()), self.computed
         rows, t = self.micro[0]["inputs"].shape
-        return (f"{len(self.lengths)} sequences, {tokens:,} tokens in {len(self.micro)} "
-                f"micro-batches of {rows} x {t + 1} (padding {1 - tokens / computed:.1%}), "
-                f"{self.mini_batches} mini-batch(es), remat {self.update.config.remat}")
+        def many(n, what):
+            return f"{n} {what}" + ("es" if n != 1 else "")
+
+        return (f"{len(self.lengths)} sequences, {tokens:,} tokens in "
+                f"{many(len(self.micro), 'micro-batch')} of {rows} x {t + 1} (padding "
+                f"{1 - tokens / computed:.1%}), {many(self.mini_batches, 'mini-batch')}, remat "
+                f"{self.update.config.remat}")
 
 
 def _batch(config: ModelConfig, args) -> tuple[dict, np.ndarray]:
