@@ -175,7 +175,7 @@ def main():
                ["--target", "h100", "--model", "qwen3-0.6b", "--rows", "1", "64", "256",
                 "--context", "256", "--sequences", "16"])
         if _run("aot", [py, str(bench / "aot_report.py"), *aot, "--programs", "decode", "update",
-                        "--micro-batches", "2", "--json", str(tmp / "aot.json")],
+                        "--micro-batch-rows", "1", "--json", str(tmp / "aot.json")],
                 limits["aot"], out, env={"JAX_PLATFORMS": "cpu"}):
             out["aot"] = _json(tmp / "aot.json")
     out["total_s"] = round(time.perf_counter() - out.pop("started"), 1)

@@ -275,14 +275,10 @@ class RLUpdate:
         if not self._described:
             log.info(self.describe(layout_rows * jax.process_count(), seq))
             self._described = True
-        plan = [[place_batch(mb, self.mesh) for mb in mini] for mini in micro_batch_rows(
-            batch, self._pack_shapes(seq), self.micro_rows * process_fsdp_shards(self.mesh)
-            // self.mesh.shape["fsdp"], self.config.mini_batches, packed=self.config.packed)]
-        shifted = _shift(batch)
-        zeros = np.zeros((layout_rows, seq - 1), np.float32)
-        layout = place_batch({k: shifted[k] for k in ("mask", "sampler_logp", "advantages")}
-                             | {"old_logp": zeros, "entropy": zeros}, self.mesh)
-        ref_logp = None if self._reference is None else place_batch({"logp": zeros}, self.mesh)
+        plan = [[place_batch(mb, self.mesh) for mb in mini] for mini in self.host_micro_batches(batch)]
+        layout = place_batch(step_layout(batch), self.mesh)
+        ref_logp = None if self._reference is None else place_batch(
+            {"logp": np.zeros((layout_rows, seq - 1), np.float32)}, self.mesh)
         for mb in (mb for mini in plan for mb in mini):
             layout |= self._logprobs(state.params, {k: layout[k] for k in ("old_logp", "entropy")}, mb)
             if ref_logp is not None:
@@ -296,22 +292,32 @@ class RLUpdate:
             raise ValueError("the batch has no generated token to train on")
         if check is not None:
             check(stats)
-        train = {"old_logp": layout["old_logp"], "advantages": advantages, "mask": mask}
-        if ref_logp is not None:
-            train["ref_logp"] = layout["ref_logp"]
+        train = train_layout(layout, advantages, mask)
         per_update = []
         for mini in plan:
             acc = None
             for mb in mini:
-                # Its rows of the layout, in a program of their own (module docstring).
-                mb = ({k: v for k, v in mb.items() if k != "index"}
-                      | self._layout_rows(train, mb["index"]))
+                mb = self.gradient_inputs(mb, train)
                 if acc is None:
                     acc = self._zeros(state.params, mb)
                 acc = self._add(state.params, acc, mb)
             state, metrics = self._apply(state, acc)
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {"tokens": tokens} | stats
+
+    def host_micro_batches(self, batch: dict) -> list[list[dict]]:
+        """The micro-batches of ``batch`` (this process's rows, checked and padded) as this
+        update lays them out: `micro_batch_rows` at its micro-batch shape, host arrays per
+        mini-batch."""
+        return micro_batch_rows(batch, self._pack_shapes(batch["tokens"].shape[1]),
+                                self.micro_rows * process_fsdp_shards(self.mesh) // self.mesh.shape["fsdp"],
+                                self.config.mini_batches, packed=self.config.packed)
+
+    def gradient_inputs(self, micro: dict, train: dict) -> dict:
+        """A micro-batch (`host_micro_batches`, placed) as the gradient program takes it: its
+        packed rows and its rows of the step's ``train`` layout (`train_layout`), those taken in
+        a program of their own (module docstring)."""
+        return {k: v for k, v in micro.items() if k != "index"} | self._layout_rows(train, micro["index"])
 
     def _pack_shapes(self, seq: int) -> PackShapes:
         # Unpacked, a row holds one rollout: packing with one segment slot a row.
@@ -363,6 +369,27 @@ class RLUpdate:
         fill = {"tokens": 0, "attention_mask": 1, "loss_mask": 0, "advantages": 0.0, "sampler_logp": 0.0}
         return {k: np.concatenate([v, np.full((pad, *v.shape[1:]), fill[k], v.dtype)])
                 for k, v in batch.items()}
+
+
+def step_layout(batch: dict) -> dict:
+    """The step's layout (host arrays, one rollout a row, `[rows, seq-1]` and ``advantages``
+    `[rows]`) of a checked and padded ``batch`` before its log-prob passes: the loss ``mask``,
+    ``sampler_logp`` and ``advantages``, and zeros where the passes write ``old_logp`` and
+    ``entropy``."""
+    shifted = _shift(batch)
+    zeros = np.zeros(shifted["sampler_logp"].shape, np.float32)
+    return ({k: shifted[k] for k in ("mask", "sampler_logp", "advantages")}
+            | {"old_logp": zeros, "entropy": zeros})
+
+
+def train_layout(layout: dict, advantages, mask) -> dict:
+    """What the gradient programs read of the step's layout after its statistics: the old
+    log-probs, the advantages and loss mask as the rollout correction leaves them
+    (`RLUpdate._step_statistics`), and the reference's log-probs if the layout has them."""
+    train = {"old_logp": layout["old_logp"], "advantages": advantages, "mask": mask}
+    if "ref_logp" in layout:
+        train["ref_logp"] = layout["ref_logp"]
+    return train
 
 
 def micro_batch_layout(layout: dict, index) -> dict:
