@@ -16,7 +16,7 @@ import time
 import pytest
 
 from rstar2_jax.sandbox import ExecResult, Executor, SandboxConfig, SandboxPool, render_result
-from rstar2_jax.sandbox.result import truncate_middle, without_time
+from rstar2_jax.sandbox.result import rendered_stdout, truncate_middle, without_time
 
 
 TIMEOUT_S = 1.0
@@ -415,6 +415,17 @@ def test_without_time_drops_only_the_time_line():
             assert "execution time: 9.99s\nmore" in untimed or r.stdout != printed
             assert not untimed.endswith(f"execution time: {r.wall_s:.2f}s")
     assert without_time("Tool call success\nstdout: 42") == "Tool call success\nstdout: 42"
+
+
+def test_rendered_stdout_reads_back_what_the_program_printed():
+    """Only the stdout: not the stderr or time lines after it, several lines kept whole."""
+    cases = [(ExecResult(status="ok", stdout="42\n", wall_s=0.1), "42"),
+             (ExecResult(status="ok", stdout="1\n2\n", stderr="UserWarning: slow\n", wall_s=0.1), "1\n2"),
+             (ExecResult(status="timeout", stdout="partial\n", wall_s=4.0), "partial"),
+             (ExecResult(status="error", stderr="ValueError: x\n", exit_code=1, wall_s=0.1), "")]
+    for result, printed in cases:
+        for show_time in (True, False):
+            assert rendered_stdout(render_result(result, show_time=show_time)) == printed, (result, show_time)
 
 
 def test_render_truncates_middle_keeping_first_and_last_lines():

@@ -22,7 +22,8 @@ def table(run_dirs: list[Path]) -> str:
     for run in run_dirs:
         kinds = [problem["kind"] for _, problem in jsonl_rows(run / "data" / "test.jsonl", "toy problems")]
         for path in sorted(run.glob("eval_*.jsonl"), key=lambda p: (p.stem != "eval_sft", p.stem)):
-            rows.append((f"{run} {path.stem[5:]}", outcome_shares([r for _, r in jsonl_rows(path, "held-out samples")], kinds)))
+            records = [r for _, r in jsonl_rows(path, "held-out samples")]
+            rows.append((f"{run} {path.stem[5:]}", outcome_shares(records, kinds)))
     if not rows:
         raise SystemExit(f"no eval_*.jsonl in {', '.join(map(str, run_dirs))}")
     kind_names = sorted({k for _, shares in rows for k in shares} - {"all"})

@@ -141,9 +141,19 @@ def render_result(result: ExecResult, max_chars: int = 1024, show_time: bool = T
 
 
 _TIME_LINE = re.compile(r"\nexecution time: \d+\.\d\ds\Z")
+# The stdout line(s) of `render_result`'s text: up to its stderr or time line, or the end.
+_STDOUT = re.compile(r"^stdout: (.*?)(?=\nstderr: |\nexecution time: |\Z)", re.MULTILINE | re.DOTALL)
 
 
 def without_time(rendered: str) -> str:
     """`render_result`'s text without its execution-time line: what a record keeps, so that two
     runs of the same calls write the same bytes."""
     return _TIME_LINE.sub("", rendered)
+
+
+def rendered_stdout(rendered: str) -> str:
+    """The program's stdout as `render_result` showed it ("" when it printed nothing), without
+    the stderr and time lines that may follow it. A stdout that itself holds a line starting
+    ``stderr: `` is cut there, and a truncated text gives what is left of it."""
+    match = _STDOUT.search(rendered)
+    return match.group(1) if match else ""

@@ -27,6 +27,7 @@ import re
 from typing import Iterable, Sequence
 
 from rstar2_jax.rewards.extract import extract_answer
+from rstar2_jax.sandbox.result import rendered_stdout
 
 FAILURE_KINDS = ("avoidable", "built_in", "other")
 # The keys of `positive_failures` and `first_call_outcomes` that are shares.
@@ -114,8 +115,7 @@ def sample_outcome(record: dict) -> str:
     question = collections.Counter(_NUMBER.findall(record["question"]))
     if question - collections.Counter(_NUMBER.findall(working[-1]["code"])):
         return "miscopied"
-    printed = working[-1]["response"].partition("stdout:")[2].strip()
-    if extract_answer(record["response_text"]) != printed:
+    if extract_answer(record["response_text"]) != rendered_stdout(working[-1]["response"]).strip():
         return "misread"
     return "other_program"
 
