@@ -202,6 +202,12 @@ class RLUpdate:
     ``entropy_loss`` / ``kl_loss`` when ``rl.entropy_coef`` / ``rl.kl_coef`` is set.
     With a reference: ``ref_kl``, the k3 estimate of KL(policy || reference) before the update
     (nats/token, mean over the step's loss tokens).
+
+    Its programs are attributes, jitted with the shardings ``__call__`` runs them with, so that
+    a tool can compile exactly what a step runs (experiments/benchmarks/aot): ``logprob_pass``,
+    ``step_statistics``, ``micro_batch_layout``, ``zero_accumulator``, ``add_micro_batch``,
+    ``apply_update``; and a step's host-side layout: `prepare`, `host_micro_batches`,
+    `gradient_inputs`, with the module's `step_layout` and `train_layout`.
     """
 
     def __init__(self, model_config: ModelConfig, config: RLConfig,
@@ -226,15 +232,15 @@ class RLUpdate:
 
         acc = Accumulator(params_sh, replicated, replicated, replicated)
         state = state_shardings(optimizer, params, mesh, param_specs)
-        self._logprobs = jax.jit(self._logprob_pass, donate_argnums=1,
+        self.logprob_pass = jax.jit(self._logprob_pass, donate_argnums=1,
                                  in_shardings=(params_sh, rows, rows), out_shardings=rows)
-        self._statistics = jax.jit(self._step_statistics, in_shardings=rows,
+        self.step_statistics = jax.jit(self._step_statistics, in_shardings=rows,
                                    out_shardings=(rows, rows, replicated))
-        self._layout_rows = jax.jit(micro_batch_layout, in_shardings=(rows, rows), out_shardings=rows)
-        self._zeros = jax.jit(functools.partial(zero_accumulator, loss), out_shardings=acc)
-        self._add = jax.jit(functools.partial(add_micro_batch, loss), donate_argnums=1,
+        self.micro_batch_layout = jax.jit(micro_batch_layout, in_shardings=(rows, rows), out_shardings=rows)
+        self.zero_accumulator = jax.jit(functools.partial(zero_accumulator, loss), out_shardings=acc)
+        self.add_micro_batch = jax.jit(functools.partial(add_micro_batch, loss), donate_argnums=1,
                             in_shardings=(params_sh, acc, rows), out_shardings=acc)
-        self._apply = jax.jit(functools.partial(apply_update, optimizer), donate_argnums=0,
+        self.apply_update = jax.jit(functools.partial(apply_update, optimizer), donate_argnums=0,
                               in_shardings=(state, acc), out_shardings=(state, replicated))
         self._described = False
 
@@ -270,7 +276,7 @@ class RLUpdate:
             return self._update(state, batch, check)
 
     def _update(self, state: TrainState, batch: dict, check) -> tuple[TrainState, dict[str, float]]:
-        batch = self._check_and_pad({k: np.asarray(batch[k]) for k in _FIELDS})
+        batch = self.prepare({k: np.asarray(batch[k]) for k in _FIELDS})
         layout_rows, seq = batch["tokens"].shape
         if not self._described:
             log.info(self.describe(layout_rows * jax.process_count(), seq))
@@ -280,12 +286,12 @@ class RLUpdate:
         ref_logp = None if self._reference is None else place_batch(
             {"logp": np.zeros((layout_rows, seq - 1), np.float32)}, self.mesh)
         for mb in (mb for mini in plan for mb in mini):
-            layout |= self._logprobs(state.params, {k: layout[k] for k in ("old_logp", "entropy")}, mb)
+            layout |= self.logprob_pass(state.params, {k: layout[k] for k in ("old_logp", "entropy")}, mb)
             if ref_logp is not None:
-                ref_logp = self._logprobs(self._reference, ref_logp, mb)
+                ref_logp = self.logprob_pass(self._reference, ref_logp, mb)
         if ref_logp is not None:
             layout["ref_logp"] = ref_logp["logp"]
-        advantages, mask, stats = self._statistics(layout)
+        advantages, mask, stats = self.step_statistics(layout)
         stats = {k: float(v) for k, v in jax.device_get(stats).items()}
         tokens = stats.pop("tokens")  # of all processes
         if not tokens:
@@ -299,14 +305,14 @@ class RLUpdate:
             for mb in mini:
                 mb = self.gradient_inputs(mb, train)
                 if acc is None:
-                    acc = self._zeros(state.params, mb)
-                acc = self._add(state.params, acc, mb)
-            state, metrics = self._apply(state, acc)
+                    acc = self.zero_accumulator(state.params, mb)
+                acc = self.add_micro_batch(state.params, acc, mb)
+            state, metrics = self.apply_update(state, acc)
             per_update.append(jax.device_get(metrics))
         return state, _combine(per_update) | {"tokens": tokens} | stats
 
     def host_micro_batches(self, batch: dict) -> list[list[dict]]:
-        """The micro-batches of ``batch`` (this process's rows, checked and padded) as this
+        """The micro-batches of ``batch`` (this process's rows, `prepare`d) as this
         update lays them out: `micro_batch_rows` at its micro-batch shape, host arrays per
         mini-batch."""
         return micro_batch_rows(batch, self._pack_shapes(batch["tokens"].shape[1]),
@@ -317,7 +323,7 @@ class RLUpdate:
         """A micro-batch (`host_micro_batches`, placed) as the gradient program takes it: its
         packed rows and its rows of the step's ``train`` layout (`train_layout`), those taken in
         a program of their own (module docstring)."""
-        return {k: v for k, v in micro.items() if k != "index"} | self._layout_rows(train, micro["index"])
+        return {k: v for k, v in micro.items() if k != "index"} | self.micro_batch_layout(train, micro["index"])
 
     def _pack_shapes(self, seq: int) -> PackShapes:
         # Unpacked, a row holds one rollout: packing with one segment slot a row.
@@ -351,7 +357,10 @@ class RLUpdate:
             stats["ref_kl"] = jnp.sum(kl) / denom
         return advantages, loss_mask, stats
 
-    def _check_and_pad(self, batch: dict) -> dict:
+    def prepare(self, batch: dict) -> dict:
+        """``batch`` (host arrays, the module docstring's fields) checked, with rows of no loss
+        appended so that they split evenly over this process's fsdp shards and the
+        mini-batches; a ValueError names a malformed field."""
         rows, seq = batch["tokens"].shape
         for k in ("attention_mask", "loss_mask", "sampler_logp"):
             if batch[k].shape != (rows, seq):
@@ -373,7 +382,7 @@ class RLUpdate:
 
 def step_layout(batch: dict) -> dict:
     """The step's layout (host arrays, one rollout a row, `[rows, seq-1]` and ``advantages``
-    `[rows]`) of a checked and padded ``batch`` before its log-prob passes: the loss ``mask``,
+    `[rows]`) of a `RLUpdate.prepare`d ``batch`` before its log-prob passes: the loss ``mask``,
     ``sampler_logp`` and ``advantages``, and zeros where the passes write ``old_logp`` and
     ``entropy``."""
     shifted = _shift(batch)
@@ -385,7 +394,7 @@ def step_layout(batch: dict) -> dict:
 def train_layout(layout: dict, advantages, mask) -> dict:
     """What the gradient programs read of the step's layout after its statistics: the old
     log-probs, the advantages and loss mask as the rollout correction leaves them
-    (`RLUpdate._step_statistics`), and the reference's log-probs if the layout has them."""
+    (`RLUpdate.step_statistics`), and the reference's log-probs if the layout has them."""
     train = {"old_logp": layout["old_logp"], "advantages": advantages, "mask": mask}
     if "ref_logp" in layout:
         train["ref_logp"] = layout["ref_logp"]

@@ -105,7 +105,7 @@ def step(config: ModelConfig, args, mesh) -> Step:
     update = RLUpdate(policy.compute_config(master), rl, OPTIMIZER, mesh=mesh, param_specs=specs,
                       params=params, loss=GRPO_ROC.loss)
     batch, lengths = _batch(master, args)
-    batch = update._check_and_pad(batch)
+    batch = update.prepare(batch)
     plan = update.host_micro_batches(batch)
     state = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                          TrainState(params, jax.eval_shape(OPTIMIZER.init, params),
@@ -113,7 +113,7 @@ def step(config: ModelConfig, args, mesh) -> Step:
                          state_shardings(OPTIMIZER, params, mesh, specs))
     partial = Step(update, lengths, [mb for mini in plan for mb in mini], len(plan), state, {}, {})
     layout = partial.abstract(step_layout(batch))
-    advantages, mask, _ = jax.eval_shape(update._statistics, layout)
+    advantages, mask, _ = jax.eval_shape(update.step_statistics, layout)
     return dataclasses.replace(partial, layout=layout, train=train_layout(layout, advantages, mask))
 
 
@@ -135,7 +135,7 @@ def update_programs(config: ModelConfig, args, mesh) -> list[Program]:
     update = s.update
     micro = s.abstract(s.micro[0])
     gradient_inputs = jax.eval_shape(update.gradient_inputs, micro, s.train)
-    acc = jax.eval_shape(update._zeros, s.state.params, gradient_inputs)
+    acc = jax.eval_shape(update.zero_accumulator, s.state.params, gradient_inputs)
     # Held beside the programs' own buffers through the step: the step's layout (and the
     # statistics' advantages and mask: the old log-probs are the layout's) and its other
     # micro-batches (placed up front); beside the gradient program the optimizer state too.
@@ -143,7 +143,7 @@ def update_programs(config: ModelConfig, args, mesh) -> list[Program]:
             + (len(s.micro) - 1) * tree_bytes(micro))
     shared = dict(fsdp=mesh.shape["fsdp"], tp=mesh.shape["tp"])
     gradient = Program(
-        update._add, (s.state.params, acc, gradient_inputs), {},
+        update.add_micro_batch, (s.state.params, acc, gradient_inputs), {},
         **_model_counts(config, s, mesh, backward=True),
         base_bytes=tree_bytes(s.state) + tree_bytes(s.state.params),  # + float32 gradients
         repeats=len(s.micro), beside=held + tree_bytes(s.state.opt_state),
@@ -151,7 +151,7 @@ def update_programs(config: ModelConfig, args, mesh) -> list[Program]:
         # saves only the projections' outputs, or nothing with remat).
         segments=s.segments, forwards=2, backwards=1, **shared,
         note=f"{args.preset}: {s.describe()}", name="a micro-batch's gradient (add_micro_batch)")
-    optimizer = Program(update._apply, (s.state, acc), {}, model_flops=0.0,
+    optimizer = Program(update.apply_update, (s.state, acc), {}, model_flops=0.0,
                         base_bytes=tree_bytes(s.state) + tree_bytes(s.state.params),
                         repeats=s.mini_batches, beside=held, **shared,
                         note=f"{args.preset}: {s.describe()}", name="the optimizer update (apply_update)")
@@ -164,7 +164,7 @@ def old_logprobs_program(config: ModelConfig, args, mesh) -> Program:
     params = s.state.params
     into = {k: s.layout[k] for k in ("old_logp", "entropy")}
     micro = s.abstract(s.micro[0])
-    return Program(s.update._logprobs, (params, into, micro), {},
+    return Program(s.update.logprob_pass, (params, into, micro), {},
                    **_model_counts(config, s, mesh, backward=False), base_bytes=tree_bytes(s.state),
                    repeats=len(s.micro),
                    beside=tree_bytes(s.layout) - tree_bytes(into) + tree_bytes(s.state.opt_state)
