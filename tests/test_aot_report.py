@@ -32,8 +32,13 @@ def test_update_runs_the_trainers_gradient_program_once_per_micro_batch(aot_repo
     out = tmp_path / "aot.json"
     aot_report.main(["--target", "cpu", "--model", "toy", "--layers", "1", "--programs",
                      "update", "old-logprobs", "--sequences", str(sequences), "--length-scale",
-                     str(scale), "--micro-batch-rows", str(rows), "--json", str(out)])
+                     str(scale), "--micro-batch-rows", str(rows), "--json", str(out),
+                     "--hlo", str(tmp_path / "hlo" / "update")])
     update, old = json.loads(out.read_text())
+    # --hlo makes its folder and writes each compiled program there, by target, name and part.
+    assert sorted(p.name for p in (tmp_path / "hlo" / "update").iterdir()) == [
+        "cpu_old-logprobs.hlo", "cpu_update.hlo", "cpu_update_1.hlo"]
+    assert (tmp_path / "hlo" / "update" / "cpu_update.hlo").read_text().startswith("HloModule")
     gradient, optimizer = update["parts"]
 
     # The step's micro-batches, counted with the trainer's packing on the same lengths.

@@ -149,6 +149,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--hlo", help="write each program's optimized HLO into this folder")
     args = parser.parse_args(argv)
+    if args.hlo:
+        Path(args.hlo).mkdir(parents=True, exist_ok=True)
 
     fsdp, tp = (int(n) for n in args.mesh.split("x"))
     if fsdp * tp > 1 and set(args.programs) - {"decode", "update", "old-logprobs"}:
