@@ -272,3 +272,16 @@ def test_a_script_without_the_main_guard_is_told_it_needs_one(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("RuntimeError: verifier worker exited (exit code 1) before it started")
     assert "lacks an `if __name__ == '__main__':` guard" in last and "did not start within" not in last
+
+
+def test_a_worker_slower_to_start_than_the_warning_interval_is_waited_for(monkeypatch, caplog):
+    # A loaded machine can take minutes to start a worker; with the interval at a millisecond,
+    # every start here is such a start. It must be waited for and logged, not fail the pool.
+    from rstar2_jax.rewards import pool as verifier_pool
+
+    monkeypatch.setattr(verifier_pool, "_STARTUP_WARN_S", 0.001)
+    with caplog.at_level("WARNING", logger=verifier_pool.__name__):
+        with VerifierPool(num_workers=2, timeout_s=PATIENT_TIMEOUT_S) as pool:
+            assert pool.score_batch([("<answer>\\boxed{2}</answer>", "2"),
+                                     ("<answer>\\boxed{3}</answer>", "2")]) == [1.0, 0.0]
+    assert "has not started after" in caplog.text and "still waiting" in caplog.text

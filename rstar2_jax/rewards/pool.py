@@ -42,8 +42,11 @@ logger = logging.getLogger(__name__)
 # A verification that needs more memory than this is pathological; fail it fast (score 0)
 # rather than let it swap the host.
 _WORKER_MEMORY_BYTES = 4 << 30
-# Spawning a worker imports sympy and math-verify: seconds on a loaded 2-core machine.
-_STARTUP_TIMEOUT_S = 120.0
+# Spawning a worker imports sympy and math-verify: seconds on an idle machine, minutes on a
+# loaded one (a job at nice 19 beside a dozen others took more than two). A worker that has not
+# died is waited for, however long, since a deadline that load can reach fails a sound run; the
+# log says so every `_STARTUP_WARN_S`. One that dies closes its pipe, which ends the wait.
+_STARTUP_WARN_S = 120.0
 _READY = b"ready"
 # `_call`'s outcome when the worker missed the deadline or died: scored 0 but not cached, since a
 # deadline missed under load says nothing about the answer.
@@ -96,10 +99,13 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child_end,), daemon=True)
         self.process.start()
         child_end.close()
-        died = False
+        died, waited = False, 0.0
         try:
-            ready = self.connection.poll(_STARTUP_TIMEOUT_S)
-            ready = ready and self.connection.recv_bytes() == _READY
+            while not self.connection.poll(_STARTUP_WARN_S):
+                waited += _STARTUP_WARN_S
+                logger.warning("verifier worker (pid %s) has not started after %.0f s; still waiting "
+                               "(the machine may be loaded)", self.process.pid, waited)
+            ready = self.connection.recv_bytes() == _READY
         except EOFError:  # the worker closed its end: it is exiting, most often seconds in
             ready, died = False, True
         if not ready:
@@ -110,7 +116,7 @@ class _Worker:
                     "its traceback above; most often the script that starts the VerifierPool (or a "
                     "RolloutRuntime) lacks an `if __name__ == '__main__':` guard around it, which it "
                     "needs because each worker imports the main module")
-            raise RuntimeError(f"verifier worker did not start within {_STARTUP_TIMEOUT_S} s")
+            raise RuntimeError("verifier worker sent something other than its ready message")
 
     def call(self, request: dict, timeout_s: float) -> dict | str:
         """The worker's reply, or `"timeout"` / `"died"` if it missed the deadline or crashed."""
