@@ -361,7 +361,7 @@ def test_the_script_takes_overrides_after_only(tmp_path):
 def test_the_staleness_arms_join_either_environments_grid():
     """experiments/toy/testbed_staleness.yaml adds GRPO-RoC at k = 0, 1, 2, 4 without and with
     token TIS to the grid of the environment named before it, its SFT policies and its out."""
-    only = "grpo_roc,k0_tis,k1,k1_tis,k2,k2_tis,k4,k4_tis,k2_areal,k2_icepop,k2_m2po,k2_icepop_lr,k2_icepop_mb4,k4_icepop_mb4"
+    only = "grpo_roc,k0_tis,k1,k1_tis,k2,k2_tis,k4,k4_tis,k2_areal,k2_icepop,k2_m2po,k2_icepop_lr,k2_icepop_mb4,k4_icepop_mb4,k2_tis_lr"
     for files, out in (([STALENESS_CONFIG], Config().out),
                        ([SESSIONS_CONFIG, STALENESS_CONFIG], "runs/testbed_sessions")):
         cfg = _script().parse([arg for f in files for arg in ("--config", str(f))] + ["--only", only])
@@ -376,11 +376,12 @@ def test_the_staleness_arms_join_either_environments_grid():
             "k2_tis": ("tis", 2.0, 0.5, 0.04), "k2_areal": ("areal", 5.0, 0.5, 0.04),
             "k2_icepop": ("icepop", 5.0, 0.5, 0.04), "k2_m2po": ("m2po", 2.0, 0.5, 0.04)}
         variants = {name: cfg.arm_config(0, name)
-                    for name in ("k2_icepop", "k2_icepop_lr", "k2_icepop_mb4", "k4_icepop_mb4")}
+                    for name in ("k2_icepop", "k2_icepop_lr", "k2_icepop_mb4", "k4_icepop_mb4", "k2_tis_lr")}
         assert {name: (c.rl.rollout_correction, c.rl.max_staleness, c.rl.mini_batches, c.rl_optimizer.lr)
                 for name, c in variants.items()} == {
             "k2_icepop": (rules["k2_icepop"], 2, 1, 1e-3), "k2_icepop_lr": (rules["k2_icepop"], 2, 1, 2.5e-4),
-            "k2_icepop_mb4": (rules["k2_icepop"], 2, 4, 2.5e-4), "k4_icepop_mb4": (rules["k2_icepop"], 4, 4, 2.5e-4)}
+            "k2_icepop_mb4": (rules["k2_icepop"], 2, 4, 2.5e-4), "k4_icepop_mb4": (rules["k2_icepop"], 4, 4, 2.5e-4),
+            "k2_tis_lr": (rules["k2_tis"], 2, 1, 2.5e-4)}
 
 
 def _answered(question, boxed, *calls, reward=0.0, finish="answer"):
