@@ -274,14 +274,55 @@ def test_a_script_without_the_main_guard_is_told_it_needs_one(tmp_path):
     assert "lacks an `if __name__ == '__main__':` guard" in last and "did not start within" not in last
 
 
-def test_a_worker_slower_to_start_than_the_warning_interval_is_waited_for(monkeypatch, caplog):
-    # A loaded machine can take minutes to start a worker; with the interval at a millisecond,
-    # every start here is such a start. It must be waited for and logged, not fail the pool.
+class _SlowStart:
+    """A worker's pipe end that stays silent for ``silent`` polls, then says ``then``: ready,
+    or dies (its end closed: EOFError); and the process and context around it."""
+
+    pid, exitcode = 4242, 1
+
+    def __init__(self, silent, then):
+        self.silent, self.then, self.polls = silent, then, []
+
+    def Pipe(self, duplex):
+        return self, self
+
+    def Process(self, **kwargs):
+        return self
+
+    def start(self):
+        pass
+
+    def poll(self, timeout):
+        self.polls.append(timeout)
+        return len(self.polls) > self.silent
+
+    def recv_bytes(self):
+        if self.then == "died":
+            raise EOFError
+        return b"ready"
+
+    def close(self):
+        pass
+
+    def kill(self):
+        pass
+
+    def join(self):
+        pass
+
+
+def test_a_worker_slow_to_start_is_waited_for_while_it_lives(monkeypatch):
+    """However long a worker takes to start (minutes on a loaded machine), the pool waits for it,
+    warning every `_STARTUP_WARN_S`; a worker that dies while it starts fails at once."""
     from rstar2_jax.rewards import pool as verifier_pool
 
-    monkeypatch.setattr(verifier_pool, "_STARTUP_WARN_S", 0.001)
-    with caplog.at_level("WARNING", logger=verifier_pool.__name__):
-        with VerifierPool(num_workers=2, timeout_s=PATIENT_TIMEOUT_S) as pool:
-            assert pool.score_batch([("<answer>\\boxed{2}</answer>", "2"),
-                                     ("<answer>\\boxed{3}</answer>", "2")]) == [1.0, 0.0]
-    assert "has not started after" in caplog.text and "still waiting" in caplog.text
+    warnings = []
+    monkeypatch.setattr(verifier_pool.logger, "warning", lambda *args: warnings.append(args))
+    slow = _SlowStart(silent=3, then="ready")
+    worker = verifier_pool._Worker(slow)
+    assert worker.process is slow and slow.polls == [verifier_pool._STARTUP_WARN_S] * 4
+    assert [w[1:] for w in warnings] == [(4242, 120.0), (4242, 240.0), (4242, 360.0)]
+    assert "has not started after" in warnings[0][0]
+
+    with pytest.raises(RuntimeError, match="exited .* before it started"):
+        verifier_pool._Worker(_SlowStart(silent=2, then="died"))
