@@ -233,15 +233,15 @@ class RLUpdate:
         acc = Accumulator(params_sh, replicated, replicated, replicated)
         state = state_shardings(optimizer, params, mesh, param_specs)
         self.logprob_pass = jax.jit(self._logprob_pass, donate_argnums=1,
-                                 in_shardings=(params_sh, rows, rows), out_shardings=rows)
+                                    in_shardings=(params_sh, rows, rows), out_shardings=rows)
         self.step_statistics = jax.jit(self._step_statistics, in_shardings=rows,
-                                   out_shardings=(rows, rows, replicated))
+                                       out_shardings=(rows, rows, replicated))
         self.micro_batch_layout = jax.jit(micro_batch_layout, in_shardings=(rows, rows), out_shardings=rows)
         self.zero_accumulator = jax.jit(functools.partial(zero_accumulator, loss), out_shardings=acc)
         self.add_micro_batch = jax.jit(functools.partial(add_micro_batch, loss), donate_argnums=1,
-                            in_shardings=(params_sh, acc, rows), out_shardings=acc)
+                                       in_shardings=(params_sh, acc, rows), out_shardings=acc)
         self.apply_update = jax.jit(functools.partial(apply_update, optimizer), donate_argnums=0,
-                              in_shardings=(state, acc), out_shardings=(state, replicated))
+                                    in_shardings=(state, acc), out_shardings=(state, replicated))
         self._described = False
 
     def programs(self) -> dict[str, int]:
