@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from rstar2_jax.sandbox import pool as pool_module
 from rstar2_jax.sandbox import ExecResult, Executor, SandboxConfig, SandboxPool, render_result
 from rstar2_jax.sandbox.result import rendered_stdout, truncate_middle, without_time
 
@@ -267,6 +268,32 @@ def test_dead_template_fails_its_calls_and_is_replaced():
         health = pool.health()
         assert health["healthy"] and health["template_pids"] != [victim]
         assert pool.stats()["respawns"] == 1
+
+
+def _template_interpreter(monkeypatch, tmp_path, body: str) -> None:
+    """Templates started through a shell script running ``body`` before the real interpreter."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\n{body}\nexec {sys.executable} \"$@\"\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+
+
+def test_a_slow_template_start_is_waited_for_with_warnings(monkeypatch, tmp_path, caplog):
+    """No deadline that load can reach fails the start: a template still starting after the
+    warning interval is waited for, and the log says so."""
+    monkeypatch.setattr(pool_module, "_STARTUP_WARN_S", 0.2)
+    _template_interpreter(monkeypatch, tmp_path, "sleep 1")  # ready no sooner than 1 s in
+    with caplog.at_level("WARNING", logger=pool_module.__name__):
+        with SandboxPool(num_workers=1, timeout_s=PATIENT_TIMEOUT_S) as pool:
+            assert pool.run("print(6 * 7)").stdout == "42\n"
+    warnings = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert warnings and warnings[0].startswith("sandbox pool: 0 of 1 templates ready after 0 s")
+
+
+def test_a_template_that_dies_while_starting_fails_the_pool_after_three_tries(monkeypatch, tmp_path):
+    _template_interpreter(monkeypatch, tmp_path, "exit 3")
+    with pytest.raises(RuntimeError, match=r"template 0 exited 3 times before it was ready \(last exit code 3"):
+        SandboxPool(num_workers=1, timeout_s=PATIENT_TIMEOUT_S)
 
 
 def test_done_callbacks_may_submit_but_not_wait():

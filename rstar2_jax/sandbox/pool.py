@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -40,11 +41,16 @@ from rstar2_jax.sandbox.executor import Call, as_code_and_stdin
 from rstar2_jax.sandbox.result import STATUSES, ExecResult, sandbox_error
 from rstar2_jax.sandbox.session import Cell, Session, check_replay, new_seed
 
-_STARTUP_TIMEOUT_S = 180.0  # a template imports numpy and sympy; slow on a loaded 2-core box
+# A template imports numpy and sympy: seconds on an idle machine, minutes on a loaded one. One
+# that lives is waited for, however long (a deadline that load can reach fails a sound run), with
+# a warning every `_STARTUP_WARN_S`; what ends a crash loop is a count of deaths, not a clock.
+_STARTUP_WARN_S = 120.0
+_STARTUP_DEATHS = 3  # a template that dies this many times before it is first ready fails the pool
 _WEDGED_GRACE_S = 10.0  # a template that has not answered by deadline + this is killed
 _RESPAWN_DELAY_S = 1.0  # after a replacement failed to start
 _UID_BLOCK = 4096  # slot uids per pool
 _pool_serial = itertools.count()
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -138,6 +144,7 @@ class SandboxPool:
         self._ids = itertools.count()
         self._closing = False
         self._respawn_at: dict[int, float] = {}
+        self._startup_deaths = collections.Counter()  # per template index, until the pool is up
         self._counts = collections.Counter()
         self._sessions = 0
         self._queue_waits: collections.deque[float] = collections.deque(maxlen=10_000)
@@ -147,11 +154,17 @@ class SandboxPool:
         self._reader = threading.Thread(target=self._read_loop, name="sandbox-reader", daemon=True)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="sandbox-dispatch", daemon=True)
         self._reader.start()
-        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        started = time.monotonic()
+        warn_at = started + _STARTUP_WARN_S
         with self._lock:
             while not all(w.ready for w in self._workers) and self._startup_error is None:
-                if not self._lock.wait(timeout=deadline - time.monotonic()):
-                    self._startup_error = f"templates not ready after {_STARTUP_TIMEOUT_S:.0f} s"
+                self._lock.wait(timeout=max(warn_at - time.monotonic(), 0.0))
+                if time.monotonic() >= warn_at:
+                    ready = sum(w.ready for w in self._workers)
+                    log.warning("sandbox pool: %d of %d templates ready after %.0f s; still waiting "
+                                "(the machine may be loaded)", ready, self.num_workers, warn_at - started)
+                    warn_at += _STARTUP_WARN_S
+            self._startup_deaths = None  # replacements after start-up are respawned, as before
         if self._startup_error is not None:
             self.close()
             raise RuntimeError(f"sandbox pool failed to start: {self._startup_error}")
@@ -367,6 +380,14 @@ class SandboxPool:
             if self._closing or self._startup_error is not None:
                 return
             was_ready = worker.ready
+            if not was_ready and self._startup_deaths is not None:
+                self._startup_deaths[worker.index] += 1
+                if self._startup_deaths[worker.index] >= _STARTUP_DEATHS:
+                    self._startup_error = (f"template {worker.index} exited {_STARTUP_DEATHS} times before it "
+                                           f"was ready (last exit code {worker.proc.returncode}; its "
+                                           f"traceback, if any, is above)")
+                    self._lock.notify_all()
+                    return
             self._respawn_at[worker.index] = time.monotonic() + (0.0 if was_ready else _RESPAWN_DELAY_S)
 
     def _read_loop(self) -> None:
