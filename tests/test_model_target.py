@@ -1,6 +1,7 @@
 """Kernels are chosen for the device a program is compiled for (`rstar2_jax.model.target`), not
 for the process's backend: compiled for an NVIDIA GPU from this CPU-only process, with a
 stand-in device as a deviceless topology gives one, the programs take the GPU kernels."""
+import collections
 import dataclasses
 import functools
 
@@ -166,3 +167,38 @@ def test_a_train_step_for_a_compile_only_target_is_made_without_running_there():
     with target.compiling_for(H100, compile_only=True):
         shardings = state_shardings(optimizer, PARAMS, mesh, param_specs(CONFIG, mesh))
     assert shardings.params["embed"].mesh is mesh
+
+
+def _primitives(jaxpr, counts):
+    from jax.extend.core import jaxprs_in_params
+
+    for eqn in jaxpr.eqns:
+        counts[eqn.primitive.name if eqn.primitive.name != "pallas_call" else str(eqn.params["name"])] += 1
+        for sub in jaxprs_in_params(eqn.params):
+            _primitives(sub, counts)
+    return counts
+
+
+@pytest.mark.parametrize("device, forward", [
+    (H100, "dot_product_attention_fwd_wrapper"),  # cuDNN's packed kernel
+    (StandInDevice("tpu", "TPU v6 lite"), "splash_mha_fwd_segmented_residuals"),
+])
+def test_without_remat_the_backward_reuses_the_attention_kernels_forward(monkeypatch, device, forward):
+    """The layer loop's body runs the kernel's forward once in the gradient; with remat (each
+    layer rerun whole) once more in the backward."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    # JAX's cuDNN wrapper asks the process (no GPU here) for cuDNN and the compute capability.
+    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(cudnn, "check_compute_capability", lambda capability: float(capability) <= 9.0)
+    monkeypatch.setattr(cudnn, "is_cuda_compute_capability_equal", lambda capability: float(capability) == 9.0)
+    forwards = {}
+    for remat in (False, True):
+        def loss(params, tokens, segment_lengths):
+            return token_logprobs(params, CONFIG, tokens, tokens, segment_lengths=segment_lengths,
+                                  remat=remat).sum()
+
+        with target.compiling_for(device, compile_only=True):
+            jaxpr = jax.make_jaxpr(jax.grad(loss))(PARAMS, S((2, 256), jnp.int32), S((2, 4), jnp.int32)).jaxpr
+        forwards[remat] = _primitives(jaxpr, collections.Counter())[forward]
+    assert forwards == {False: 1, True: 2}

@@ -6,8 +6,9 @@ import pytest
 from rstar2_jax.train.packing import PackShapes, first_fit_decreasing, micro_batches, pack, row_bucket
 
 
-def test_segment_slots_default_to_one_per_64_tokens_as_a_power_of_two():
-    assert PackShapes(10240).segments == 256 and PackShapes(336).segments == 8
+def test_segment_slots_default_to_one_per_64_tokens_as_a_power_of_two_at_most_32():
+    assert PackShapes(2048).segments == 32 and PackShapes(336).segments == 8
+    assert PackShapes(2049).segments == 32 and PackShapes(10240).segments == 32  # at most 32
     assert PackShapes(64).segments == 1 and PackShapes(65).segments == 2
     assert PackShapes(100, segments=3).segments == 3
     with pytest.raises(ValueError, match="positive"):

@@ -426,6 +426,24 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
     return x + dense(gated, p["down"])
 
 
+def _keep_projections_and_attention(prim, *args, **params) -> bool:
+    """The layer's checkpoint policy without remat: keep the projections' outputs and the fused
+    attention kernel's forward outputs (cuDNN's call, or a Pallas kernel: splash attention on a
+    TPU), and recompute the elementwise ops between them. Left to itself, autodiff stacks about
+    six [B*T, intermediate] MLP arrays a layer; keeping less runs attention's forward twice a
+    layer (the compiled H100 update: 1.23x the model's FLOPs against 1.11x, for 5.3 GB more at
+    3 rows of 10,240 tokens, docs/accelerators.md). Attention written in XLA ops (CPU, ROCm)
+    is recomputed: its intermediates are score blocks, not a kernel's output and statistics."""
+    if prim.name in _ATTENTION_KERNEL_FORWARDS:
+        return True
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
+
+
+# cuDNN's forward (its outputs: attention's and the softmax statistics its backward reads) and
+# a Pallas kernel (in the training forward, only splash attention's forward is one).
+_ATTENTION_KERNEL_FORWARDS = (_cudnn_attention._dot_product_attention_fwd_p_wrapper.name, "pallas_call")
+
+
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
                 mask: jax.Array | None, remat: bool = False, lengths: jax.Array | None = None,
                 segments: Segments | None = None) -> jax.Array:
@@ -438,10 +456,8 @@ def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions:
                              segments=segments), None
 
     # remat: keep only each layer's input for the backward pass and recompute the rest.
-    # Otherwise keep the projections' outputs and recompute the elementwise ops between them:
-    # left to itself, autodiff stacks about six [B*T, intermediate] MLP arrays per layer.
     layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable if remat
-                           else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+                           else _keep_projections_and_attention)
     x, _ = jax.lax.scan(layer, embed(params, tokens).astype(config.jnp_dtype), params["layers"])
     return final_norm(params, config, x)
 

@@ -30,9 +30,17 @@ import numpy as np
 
 from rstar2_jax.parallel import hosts
 
-# Segment slots per row, by default: one per this many tokens of the row. A row of shorter
-# sequences than that on average is closed when its slots are full.
+# Segment slots per row, by default: one per this many tokens of the row, at most
+# `_MOST_SEGMENTS`. A row of shorter sequences than that on average is closed when its slots are
+# full.
 _TOKENS_PER_SEGMENT_SLOT = 64
+# cuDNN's packed attention keeps softmax statistics per slot, [rows x (slots + 1), heads,
+# tokens] float32 a layer, and the update keeps them for the backward (`rstar2_jax.model.
+# transformer`): at 32 slots they are half the size of attention's output; at the 256 slots of
+# one per 64 tokens of a 10,240-token row, 14 GB for Qwen3-0.6B at 3 rows. A stage-1 row holds
+# about 8 rollouts, and 32 slots packed the compiled H100 update's 256 rollouts into as few rows
+# as 256 slots did (docs/accelerators.md).
+_MOST_SEGMENTS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +51,7 @@ class PackShapes:
     max_tokens: the row length, the longest sequence allowed (a longer one is an error, before
       any work).
     segments: the most sequences a row holds (its segment slots); by default one per 64 tokens
-      of the row, rounded up to a power of two.
+      of the row, rounded up to a power of two, at most 32.
     row_multiple: rows per group are a row bucket times this (data-parallel devices).
     """
 
@@ -54,7 +62,7 @@ class PackShapes:
     def __post_init__(self):
         if self.segments is None:
             slots = -(-self.max_tokens // _TOKENS_PER_SEGMENT_SLOT)
-            object.__setattr__(self, "segments", 1 << max(slots - 1, 0).bit_length())
+            object.__setattr__(self, "segments", min(1 << max(slots - 1, 0).bit_length(), _MOST_SEGMENTS))
         if min(self.max_tokens, self.segments, self.row_multiple) < 1:
             raise ValueError(f"PackShapes needs positive sizes, got {self}")
 
