@@ -170,11 +170,15 @@ def test_a_train_step_for_a_compile_only_target_is_made_without_running_there():
 
 
 def _primitives(jaxpr, counts):
+    """What the program runs, counted through every sub-program: primitives by name, Pallas
+    kernels by theirs, and loops that hold an online softmax (the block kernel's forward)."""
     from jax.extend.core import jaxprs_in_params
 
     for eqn in jaxpr.eqns:
         counts[eqn.primitive.name if eqn.primitive.name != "pallas_call" else str(eqn.params["name"])] += 1
         for sub in jaxprs_in_params(eqn.params):
+            if eqn.primitive.name == "while" and _primitives(sub, collections.Counter())["reduce_max"]:
+                counts["online softmax loop"] += 1
             _primitives(sub, counts)
     return counts
 
@@ -182,10 +186,12 @@ def _primitives(jaxpr, counts):
 @pytest.mark.parametrize("device, forward", [
     (H100, "dot_product_attention_fwd_wrapper"),  # cuDNN's packed kernel
     (StandInDevice("tpu", "TPU v6 lite"), "splash_mha_fwd_segmented_residuals"),
+    (MI300X, "online softmax loop"),  # the block kernel's forward
 ])
 def test_without_remat_the_backward_reuses_the_attention_kernels_forward(monkeypatch, device, forward):
     """The layer loop's body runs the kernel's forward once in the gradient; with remat (each
-    layer rerun whole) once more in the backward."""
+    layer rerun whole) once more in the backward. Rows of 1,024 tokens: the block kernel's on
+    the MI300X (and on CPU, where shorter rows are scored whole)."""
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
     # JAX's cuDNN wrapper asks the process (no GPU here) for cuDNN and the compute capability.
@@ -199,6 +205,6 @@ def test_without_remat_the_backward_reuses_the_attention_kernels_forward(monkeyp
                                   remat=remat).sum()
 
         with target.compiling_for(device, compile_only=True):
-            jaxpr = jax.make_jaxpr(jax.grad(loss))(PARAMS, S((2, 256), jnp.int32), S((2, 4), jnp.int32)).jaxpr
+            jaxpr = jax.make_jaxpr(jax.grad(loss))(PARAMS, S((2, 1024), jnp.int32), S((2, 4), jnp.int32)).jaxpr
         forwards[remat] = _primitives(jaxpr, collections.Counter())[forward]
     assert forwards == {False: 1, True: 2}

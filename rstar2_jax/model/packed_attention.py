@@ -22,10 +22,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 # A finite "minus infinity": a query with no visible key (a left pad) then gets a uniform
 # softmax instead of NaN, so its garbage never poisons gradients through masked sums.
 _MASKED = float(jnp.finfo(jnp.float32).min)
+# The forward's output and softmax statistics, which its backward reads: a checkpoint policy
+# that saves this name keeps them instead of running the forward again.
+KEPT_NAME = "packed_attention_forward"
 
 
 class Segments(NamedTuple):
@@ -187,7 +191,9 @@ def _packed_fwd(q, k, v, ids, bounds, block, group, precision):
         return None, (out, row_max, jnp.where(row_sum > 0, row_sum, 1.0))
 
     _, res = jax.lax.scan(one_group, None, (items, counts))
-    out, row_max, row_sum = (x.reshape(-1, *x.shape[2:])[place] for x in res)  # [B * n, ...]
+    # Named so that a layer's checkpoint policy can keep them for the backward (`KEPT_NAME`).
+    out, row_max, row_sum = (checkpoint_name(x.reshape(-1, *x.shape[2:])[place], KEPT_NAME)
+                             for x in res)  # [B * n, ...]
     merged = out.reshape(b, n, *out.shape[1:])
     merged = jnp.moveaxis(merged, 1, 3).reshape(b, kv_heads, h // kv_heads, n * block, d)
     return (_ungrouped(merged[:, :, :, :t].astype(v.dtype)),

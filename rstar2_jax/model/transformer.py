@@ -31,6 +31,7 @@ from rstar2_jax.model.packed_attention import (
     _BLOCK,
     _GROUP,
     _MASKED,
+    KEPT_NAME,
     Segments,
     _grouped,
     _packed_attention,
@@ -427,21 +428,23 @@ def decoder_layer(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Arr
 
 
 def _keep_projections_and_attention(prim, *args, **params) -> bool:
-    """The layer's checkpoint policy without remat: keep the projections' outputs and the fused
-    attention kernel's forward outputs (cuDNN's call, or a Pallas kernel: splash attention on a
-    TPU), and recompute the elementwise ops between them. Left to itself, autodiff stacks about
-    six [B*T, intermediate] MLP arrays a layer; keeping less runs attention's forward twice a
-    layer (the compiled H100 update: 1.23x the model's FLOPs against 1.11x, for 5.3 GB more at
-    3 rows of 10,240 tokens, docs/accelerators.md). Attention written in XLA ops (CPU, ROCm)
-    is recomputed: its intermediates are score blocks, not a kernel's output and statistics."""
-    if prim.name in _ATTENTION_KERNEL_FORWARDS:
-        return True
-    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
+    """The layer's checkpoint policy without remat: keep the projections' outputs and the
+    attention kernel's forward outputs (cuDNN's call, a Pallas kernel: splash attention on a
+    TPU; the block kernel's output and softmax statistics on other GPUs and long CPU rows), and
+    recompute the elementwise ops between them. Left to itself, autodiff stacks about six
+    [B*T, intermediate] MLP arrays a layer; keeping less runs attention's forward twice a layer
+    (the compiled H100 update: 1.23x the model's FLOPs against 1.11x, for 4.8 GB more at 3 rows
+    of 10,240 tokens, docs/accelerators.md). Attention scored whole (short CPU rows) is
+    recomputed: its intermediates are [T, T] scores."""
+    return prim.name in _ATTENTION_KERNEL_FORWARDS or _PROJECTIONS_AND_BLOCK_KERNEL(prim, *args, **params)
 
 
 # cuDNN's forward (its outputs: attention's and the softmax statistics its backward reads) and
 # a Pallas kernel (in the training forward, only splash attention's forward is one).
 _ATTENTION_KERNEL_FORWARDS = (_cudnn_attention._dot_product_attention_fwd_p_wrapper.name, "pallas_call")
+_PROJECTIONS_AND_BLOCK_KERNEL = jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    jax.checkpoint_policies.save_only_these_names(KEPT_NAME))
 
 
 def run_decoder(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
