@@ -147,9 +147,10 @@ def update_programs(config: ModelConfig, args, mesh) -> list[Program]:
         **_model_counts(config, s, mesh, backward=True),
         base_bytes=tree_bytes(s.state) + tree_bytes(s.state.params),  # + float32 gradients
         repeats=len(s.micro), beside=held + tree_bytes(s.state.opt_state),
-        # Attention's forward runs again in the backward under either policy (`run_decoder`
-        # saves only the projections' outputs, or nothing with remat).
-        segments=s.segments, forwards=2, backwards=1, **shared,
+        # The block kernel's loops run as long as the plan says: counted by hand. Its forward
+        # runs again in the backward only with remat (without, `run_decoder` keeps its output
+        # and statistics; tests/test_model_target.py counts its forward loops).
+        segments=s.segments, forwards=2 if args.remat else 1, backwards=1, **shared,
         note=f"{args.preset}: {s.describe()}", name="a micro-batch's gradient (add_micro_batch)")
     optimizer = Program(update.apply_update, (s.state, acc), {}, model_flops=0.0,
                         base_bytes=tree_bytes(s.state) + tree_bytes(s.state.params),
