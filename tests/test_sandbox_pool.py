@@ -5,6 +5,7 @@ A call that must reach another status than a timeout runs in a pool whose deadli
 with a short one (TIMEOUT_S). No test here measures how fast a call runs.
 """
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -273,7 +274,7 @@ def test_dead_template_fails_its_calls_and_is_replaced():
 def _template_interpreter(monkeypatch, tmp_path, body: str) -> None:
     """Templates started through a shell script running ``body`` before the real interpreter."""
     script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\n{body}\nexec {sys.executable} \"$@\"\n")
+    script.write_text(f"#!/bin/sh\n{body}\nexec {shlex.quote(sys.executable)} \"$@\"\n")
     script.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(script))
 
