@@ -177,9 +177,10 @@ def _primitives(jaxpr, counts):
     for eqn in jaxpr.eqns:
         counts[eqn.primitive.name if eqn.primitive.name != "pallas_call" else str(eqn.params["name"])] += 1
         for sub in jaxprs_in_params(eqn.params):
-            if eqn.primitive.name == "while" and _primitives(sub, collections.Counter())["reduce_max"]:
+            inner = _primitives(sub, collections.Counter())
+            if eqn.primitive.name == "while" and inner["reduce_max"]:
                 counts["online softmax loop"] += 1
-            _primitives(sub, counts)
+            counts.update(inner)
     return counts
 
 
